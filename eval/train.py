@@ -1,0 +1,260 @@
+"""Train the embedded self-speculative model (AR pre-training, then joint AR + block-diffusion).
+
+    python eval/train.py --phase ar --minutes 30 --run runs/ar
+    python eval/train.py --phase joint --minutes 65 --init runs/ar/final --run runs/joint
+    python eval/train.py --export runs/joint/final --out model_cards/recguide-tiny
+
+Budgets are wall-clock minutes (the learning-rate schedule follows elapsed time), checkpoints are written
+every `--ckpt-minutes` and `--resume` continues a run. bf16 autocast is on by default (`--dtype fp32` to
+turn it off); `--device cuda` trains on a GPU.
+
+Diffusion loss (the drafter): after the clean causal pass writes the keys/values of the whole sequence,
+a second pass over K draft blocks `[x_t, MASK x (B-1)]` (a quarter of them `[MASK x B]`, the continuation
+shape) attends to the clean keys before t and bidirectionally to its own block; a MASK position is trained
+to predict the token AT its position, weighted 1/sqrt(i) towards the block start (acceptance is a prefix).
+The clean keys are computed once on the fast causal path instead of in a doubled [clean | noisy] sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import AutoTokenizer, DynamicCache
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recguide_hf.modeling import RecGuideConfig, RecGuideForCausalLM, additive_mask  # noqa: E402
+
+MODEL_CONFIG = dict(  # ~12M parameters; sized so ~100 CPU minutes see a few epochs of the corpus
+    hidden_size=320, intermediate_size=960, num_hidden_layers=8, num_attention_heads=5,
+    num_key_value_heads=5, head_dim=64, max_position_embeddings=2048, rope_theta=10000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, block_size=16,
+)
+
+
+def load_tokens(corpus: Path, tokenizer, split: str) -> dict[str, np.ndarray]:
+    """Token ids per corpus, documents separated by EOS, cached as .npy next to the corpus."""
+    out = {}
+    for name in ("code", "prose"):
+        cache = corpus / f"{name}_{split}.v{len(tokenizer)}.npy"
+        if not cache.exists():
+            docs = [json.loads(line)["text"] for line in open(corpus / f"{name}_{split}.jsonl")]
+            ids = []
+            for enc in tokenizer(docs, add_special_tokens=False)["input_ids"]:
+                ids.extend(enc + [tokenizer.eos_token_id])
+            np.save(cache, np.asarray(ids, dtype=np.int32))
+        out[name] = np.load(cache)
+    return out
+
+
+class Batches:
+    """Random windows of `seq_len + 1` tokens from both corpora, weighted by corpus size."""
+
+    def __init__(self, tokens: dict[str, np.ndarray], seq_len: int, batch_size: int, seed: int):
+        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
+        self.rng = np.random.default_rng(seed)
+        sizes = np.array([len(t) for t in tokens.values()], dtype=np.float64)
+        self.weights = sizes / sizes.sum()
+
+    def next(self) -> torch.Tensor:
+        names = list(self.tokens)
+        rows = []
+        for _ in range(self.batch_size):
+            arr = self.tokens[names[self.rng.choice(len(names), p=self.weights)]]
+            start = self.rng.integers(0, len(arr) - self.seq_len - 1)
+            rows.append(arr[start:start + self.seq_len + 1])
+        return torch.from_numpy(np.stack(rows).astype(np.int64))  # [N, L+1]
+
+
+def draft_blocks(x: torch.Tensor, block_size: int, num_blocks: int, mask_id: int, gen: torch.Generator):
+    """Sample draft blocks over clean sequences x [N, L].
+
+    Returns block input ids, position ids, targets (-100 where not trained), per-position loss weights
+    (all [N, K*B]) and the boolean attention pattern [N, 1, K*B, L + K*B].
+    """
+    n, length = x.shape
+    k, b = num_blocks, block_size
+    # anchors t in [1, L - B]; the block covers positions t .. t+B-1
+    starts = torch.stack([torch.randperm(length - b, generator=gen)[:k] + 1 for _ in range(n)])  # [N, K]
+    offs = torch.arange(b)
+    pos = starts[:, :, None] + offs  # [N, K, B]
+    targets = torch.gather(x, 1, pos.view(n, -1)).view(n, k, b)
+    no_seed = torch.rand(n, k, 1, generator=gen) < 0.25  # continuation-shaped blocks: [MASK x B]
+    masked = (offs > 0) | no_seed  # [N, K, B]
+    inputs = torch.where(masked, torch.full_like(targets, mask_id), targets)
+    labels = torch.where(masked, targets, torch.full_like(targets, -100))
+    weights = (1.0 / torch.sqrt(offs.clamp(min=1).float())).expand(n, k, b) * masked
+    # attention: clean keys j < t, plus own block (bidirectional)
+    col = torch.arange(length)
+    sees_clean = col[None, None, :] < starts[:, :, None]  # [N, K, L]
+    sees_clean = sees_clean[:, :, None, :].expand(n, k, b, length).reshape(n, k * b, length)
+    blk = torch.arange(k).repeat_interleave(b)
+    sees_block = (blk[:, None] == blk[None, :]).expand(n, k * b, k * b)
+    allowed = torch.cat([sees_clean, sees_block], dim=-1)[:, None]  # [N, 1, K*B, L+K*B]
+    return inputs.view(n, -1), pos.view(n, -1), labels.view(n, -1), weights.view(n, -1), allowed
+
+
+def losses(model, x: torch.Tensor, phase: str, args, gen: torch.Generator, dtype) -> dict[str, torch.Tensor]:
+    inputs, targets = x[:, :-1], x[:, 1:]
+    if phase == "ar":
+        logits = model(input_ids=inputs).logits
+        return {"ar": F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())}
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=inputs, cache=cache, use_cache=True).logits
+    out = {"ar": F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())}
+    b = random.choice(args.block_sizes)
+    k = max(1, args.draft_tokens // b)
+    ids, pos, labels, weights, allowed = draft_blocks(inputs, b, k, model.config.mask_token_id, gen)
+    mask = additive_mask(allowed.to(x.device), dtype=dtype)
+    dlogits = model(input_ids=ids.to(x.device), position_ids=pos.to(x.device), attention_mask=mask,
+                    cache=cache, use_cache=True).logits
+    ce = F.cross_entropy(dlogits.flatten(0, 1).float(), labels.to(x.device).flatten(), reduction="none")
+    w = weights.to(x.device).flatten()
+    out["diff"] = (ce * w).sum() / w.sum()
+    return out
+
+
+@torch.no_grad()
+def evaluate(model, tokens: dict[str, np.ndarray], args, dtype, device) -> dict[str, float]:
+    """Held-out AR loss per corpus and diffusion loss, on fixed windows."""
+    model.eval()
+    res = {}
+    gen = torch.Generator().manual_seed(1234)
+    for name, arr in tokens.items():
+        rng = np.random.default_rng(0)
+        starts = rng.integers(0, len(arr) - args.seq_len - 1, size=args.eval_windows)
+        x = torch.from_numpy(np.stack([arr[s:s + args.seq_len + 1] for s in starts]).astype(np.int64)).to(device)
+        ar, diff = [], []
+        for chunk in x.split(8):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                out = losses(model, chunk, "joint", args, gen, dtype)
+            ar.append(out["ar"].item())
+            diff.append(out["diff"].item())
+        res[f"heldout_ar_{name}"] = float(np.mean(ar))
+        res[f"heldout_diff_{name}"] = float(np.mean(diff))
+    model.train()
+    return res
+
+
+def save_ckpt(path: Path, model, opt, state: dict):
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
+                "rng": torch.get_rng_state(), "py_rng": random.getstate()}, path / "ckpt.pt.tmp")
+    os.replace(path / "ckpt.pt.tmp", path / "ckpt.pt")
+
+
+def train(args):
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    train_tokens = load_tokens(args.corpus, tokenizer, "train")
+    held_tokens = load_tokens(args.corpus, tokenizer, "heldout")
+    if args.init:
+        model = RecGuideForCausalLM.from_pretrained(args.init)
+    else:
+        config = RecGuideConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                mask_token_id=tokenizer.mask_token_id, **MODEL_CONFIG)
+        model = RecGuideForCausalLM(config)
+    model.to(device).train()
+    num_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    state = {"step": 0, "elapsed": 0.0, "tokens": 0, "log": []}
+    ckpt = args.run / "ckpt.pt"
+    if args.resume and ckpt.exists():
+        blob = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["opt"])
+        state = blob["state"]
+        torch.set_rng_state(blob["rng"])
+        random.setstate(blob["py_rng"])
+    batches = Batches(train_tokens, args.seq_len, args.batch_size, args.seed + state["step"])
+    gen = torch.Generator().manual_seed(args.seed + state["step"])
+    budget = args.minutes * 60
+    print(f"{num_params / 1e6:.2f}M parameters, phase {args.phase}, budget {args.minutes} min", flush=True)
+    bar = tqdm(total=int(budget), initial=int(state["elapsed"]), unit="s", desc=args.phase, mininterval=10)
+    last_ckpt = last_eval = time.time()
+    t0 = time.time() - state["elapsed"]
+    while state["elapsed"] < budget:
+        frac = state["elapsed"] / budget
+        warm = min(1.0, (state["step"] + 1) / args.warmup)
+        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x = batches.next().to(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            parts = losses(model, x, args.phase, args, gen, dtype)
+        loss = parts["ar"] + args.diff_weight * parts.get("diff", 0.0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state["step"] += 1
+        state["tokens"] += x.numel()
+        now = time.time()
+        bar.update(int(now - t0 - state["elapsed"]))
+        state["elapsed"] = now - t0
+        if state["step"] % 20 == 0:
+            shown = {k: f"{v.item():.3f}" for k, v in parts.items()}
+            bar.set_postfix(shown | {"tok/s": int(state["tokens"] / state["elapsed"])})
+        if now - last_eval > args.eval_minutes * 60:
+            metrics = evaluate(model, held_tokens, args, dtype, device)
+            state["log"].append({"step": state["step"], "elapsed": state["elapsed"], "tokens": state["tokens"],
+                                 "train": {k: v.item() for k, v in parts.items()}, **metrics})
+            print(json.dumps(state["log"][-1]), flush=True)
+            last_eval = time.time()
+        if now - last_ckpt > args.ckpt_minutes * 60:
+            save_ckpt(args.run, model, opt, state)
+            last_ckpt = time.time()
+    bar.close()
+    metrics = evaluate(model, held_tokens, args, dtype, device)
+    state["log"].append({"step": state["step"], "elapsed": state["elapsed"], "tokens": state["tokens"], **metrics})
+    print("final", json.dumps(state["log"][-1]), flush=True)
+    save_ckpt(args.run, model, opt, state)
+    model.save_pretrained(args.run / "final")
+    tokenizer.save_pretrained(args.run / "final")
+    with open(args.run / "final" / "train_log.json", "w") as f:
+        json.dump({"args": {k: str(v) for k, v in vars(args).items()}, "num_params": num_params, **state}, f, indent=1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--phase", choices=["ar", "joint"], default="ar")
+    p.add_argument("--minutes", type=float, default=30)
+    p.add_argument("--run", type=Path, default=Path("runs/ar"))
+    p.add_argument("--init", type=Path, default=None, help="start from this saved model folder")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--tokenizer", type=Path, default=Path("model_cards/recguide-tiny"))
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 16, 32])
+    p.add_argument("--draft-tokens", type=int, default=256, help="draft-block tokens per sequence (joint)")
+    p.add_argument("--diff-weight", type=float, default=1.0)
+    p.add_argument("--eval-windows", type=int, default=32)
+    p.add_argument("--eval-minutes", type=float, default=10)
+    p.add_argument("--ckpt-minutes", type=float, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    train(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

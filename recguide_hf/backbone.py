@@ -1,0 +1,58 @@
+"""The one interface the engine uses to talk to a shared-backbone model.
+
+A backbone runs ONE forward over token ids with a 4D additive mask, per-token position ids and a cache,
+and says which tokens of that forward are draft tokens (so a model with a drafting adapter, like NLD's
+LoRA, can route them). It also knows the vocabulary facts the engine needs. Everything model-specific
+lives in subclasses; the engine never looks inside the model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Backbone:
+    """Adapter for any HF causal LM trained for block drafting with a mask token (this project's model,
+    SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks."""
+
+    def __init__(self, model, mask_token_id: int | None = None):
+        self.model = model
+        cfg = model.config
+        self.mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, "mask_token_id", None)
+        if self.mask_token_id is None:
+            raise ValueError("The model's config has no `mask_token_id`; pass mask_token_id= to use it for drafting")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                cache, draft_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+        """Logits `[R, Q, V]` (or the last `logits_to_keep` positions).
+
+        Args:
+            input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive;
+            draft_mask: [R, Q] bool, True for tokens computed in draft mode (unused here: the mask decides).
+        """
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        return out.logits
+
+
+def as_backbone(model) -> Backbone:
+    """Pick the adapter for a model (an already wrapped backbone is returned as is)."""
+    if isinstance(model, Backbone):
+        return model
+    from .nld import NLDBackbone, is_nld_model
+
+    if is_nld_model(model):
+        return NLDBackbone(model)
+    return Backbone(model)

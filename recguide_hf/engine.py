@@ -1,0 +1,260 @@
+"""The batched self-speculative decoding engine.
+
+Contract: token ids in, token ids out; it knows nothing about tokenization. A batch of requests
+(left-padded prompts) is decoded in rounds. Each round, every active request verifies one block
+`[seed, d_1 .. d_K]` with the shared backbone:
+
+    1. draft    [seed, MASK x K] in block-diffusion mode (skipped when a branch of the last round hit)
+    2. verify   [seed, d_1 .. d_K] causally, in ONE forward with the request's prospective branches
+    3. accept   greedy or speculative sampling (verify.py) on the verifier's processed scores
+    4. commit   seed + accepted drafts to the cache (rollback = not advancing), emit tokens
+    5. stop     EOS, max_new_tokens and the user's stopping criteria, per request
+    6. reuse    a branch whose hypothesis came true supplies the next block (branches.py)
+
+Requests are grouped by planned block size into buckets, one draft and one verify forward per bucket,
+so no request pads to a larger block. Finished requests leave the forward batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import branches as br
+from .backbone import Backbone
+from .cache import RowCache
+from .config import DecodingConfig
+from .draft import DraftBlock, make_draft, risky_positions
+from .masks import block_intra, build_mask, causal_intra, positions
+from .policy import BlockPolicy
+from .processors import ScoreProcessor
+from .stats import Stats
+from .stopping import StopChecker
+from .verify import greedy_verify, sampling_verify
+
+
+@dataclass
+class SamplingSettings:
+    """What the engine needs from a GenerationConfig, already resolved."""
+
+    max_new_tokens: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int = 0
+    do_sample: bool = False
+    draft_temperature: float = 1.0  # temperature of the draft distribution when sampling
+
+
+class Engine:
+    """Decode a batch of requests with LinearSS or RecGuide.
+
+    Args:
+        backbone: the shared-backbone adapter (backbone.py).
+        config: decoding options (config.py).
+        settings: lengths, special tokens and sampling switch.
+        processor: applies the user's logits processors to verifier logits (processors.py).
+        stopper: the user's stopping criteria (stopping.py).
+    """
+
+    def __init__(self, backbone: Backbone, config: DecodingConfig, settings: SamplingSettings,
+                 processor: ScoreProcessor | None = None, stopper: StopChecker | None = None,
+                 policy: BlockPolicy | None = None):
+        self.backbone, self.config, self.settings = backbone, config, settings
+        self.processor = processor or ScoreProcessor([], backbone.mask_token_id)
+        self.stopper = stopper or StopChecker([], settings.pad_token_id)
+        self.policy = policy or BlockPolicy.from_config(config)
+        self.mask_id = backbone.mask_token_id
+
+    # ------------------------------------------------------------------ public entry
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """Decode. Returns (sequences [N, W + max new], Stats).
+
+        Args:
+            input_ids: [N, W] left-padded prompts; attention_mask: [N, W] (None = no padding).
+        """
+        self._start(input_ids, attention_mask)
+        while True:
+            active = (~self.finished).nonzero().squeeze(1)
+            if active.numel() == 0:
+                break
+            for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
+                self._round(rows, block)
+        width = self.prompt_width + int(self.count.max())
+        return self.seq[:, :width], self.stats
+
+    # ------------------------------------------------------------------ setup
+    def _start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+        device = self.backbone.device
+        input_ids = input_ids.to(device)
+        n, w = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        attention_mask = attention_mask.to(device)
+        self.prompt_width = w
+        self.pads = (attention_mask == 0).long().cumprod(dim=1).sum(dim=1)  # left padding per row
+        if bool((self.pads >= w).any()):
+            raise ValueError("Every prompt needs at least one token (found an empty, all-padding prompt)")
+        max_new = self.settings.max_new_tokens
+        self.branch_width = 3 * self.config.max_block_size if self.config.branches_enabled else 0
+        self.cache = RowCache.for_model(self.backbone.model, n, w + max_new + self.config.max_block_size
+                                        + self.branch_width)
+        self.seq = torch.full((n, w + max_new), self.settings.pad_token_id, dtype=torch.long, device=device)
+        self.seq[:, :w] = input_ids
+        self.count = torch.zeros(n, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
+        self.finished = torch.zeros(n, dtype=torch.bool, device=device)
+        if max_new <= 0:
+            self.finished[:] = True
+        self.pending = br.PendingBlocks(n, self.config.max_block_size, device)
+        self.stats = Stats(n)
+        self.stopper.start(self.seq, w)
+        self._prefill(input_ids)
+
+    def _prefill(self, input_ids: torch.Tensor):
+        """Write all prompt tokens but the last (the first seed) into the cache."""
+        n, w = input_ids.shape
+        if w == 1:
+            return
+        rows = torch.arange(n, device=input_ids.device)
+        col = torch.arange(w - 1, device=input_ids.device)
+        intra = causal_intra(n, w - 1, input_ids.device) & (col[None, None, :] >= self.pads[:, None, None])
+        offsets = col[None, :].expand(n, -1)
+        self._forward(rows, input_ids[:, :-1], offsets, intra, logits_to_keep=1)
+        self.cache.commit(rows, torch.full_like(rows, w - 1))
+
+    # ------------------------------------------------------------------ one round for one bucket
+    def _round(self, rows: torch.Tensor, block: int):
+        remaining = self.settings.max_new_tokens - self.count[rows]
+        eff = remaining.clamp(max=block)  # [R] tokens this round may emit = verifier segment length
+        seeds = self.seq[rows, self.prompt_width + self.count[rows] - 1]
+        # 1. draft (rows whose block a branch already drafted skip the draft forward)
+        draft = self._draft(rows, seeds, eff, block)
+        # 2. verify, with this round's branches riding in the same forward
+        plan = self._plan(draft, eff, block)
+        target_logits, branch_logits = self._verify(rows, seeds, draft.ids, eff, plan)
+        # 3. accept
+        block_ids = torch.cat([seeds[:, None], draft.ids], dim=1)
+        scores = self.processor(self.seq, self.prompt_width, self.count[rows], rows, block_ids, target_logits, eff)
+        verdict = self._accept(draft, scores, eff - 1)
+        # 4. commit + emit, 5. stop
+        emitted = self._commit(rows, draft.ids, verdict)
+        # 6. reuse a branch whose hypothesis came true
+        temperature = self.settings.draft_temperature if self.settings.do_sample else None
+        hits = br.reuse(plan, verdict, eff - 1, branch_logits, self.mask_id, self.settings.eos_token_ids, temperature)
+        self.pending.store(rows, hits)
+        self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
+                                verifier_entropy(scores, verdict.num_accepted, eff))
+
+    def _draft(self, rows: torch.Tensor, seeds: torch.Tensor, eff: torch.Tensor, block: int) -> DraftBlock:
+        """Drafts d_1 .. d_{block-1} for every row of the bucket (from a branch hit or a draft forward)."""
+        have, draft = self.pending.take(rows, block - 1)
+        if self.settings.do_sample and draft.probs is None:
+            vocab = self.backbone.model.config.vocab_size
+            draft.probs = torch.zeros(rows.numel(), block - 1, vocab, device=rows.device)
+        need = (~have) & (eff > 1)
+        if not bool(need.any()):
+            return draft
+        sub, sub_eff = rows[need], eff[need]
+        q = int(sub_eff.max())
+        ids = torch.full((sub.numel(), q), self.mask_id, dtype=torch.long, device=rows.device)
+        ids[:, 0] = seeds[need]
+        valid = torch.arange(q, device=rows.device)[None, :] < sub_eff[:, None]  # [S, q]
+        intra = block_intra(sub.numel(), q, rows.device) & valid[:, None, :]
+        offsets = torch.arange(q, device=rows.device).expand(sub.numel(), -1)
+        logits = self._forward(sub, ids, offsets, intra, draft_mask=valid)  # [S, q, V]
+        self.stats.record_forward(sub, q)
+        temperature = self.settings.draft_temperature if self.settings.do_sample else None
+        fresh = make_draft(logits[:, 1:], self.mask_id, self.settings.eos_token_ids, temperature)
+        for name in ("ids", "margin", "correction", "probs"):
+            target = getattr(draft, name)
+            if target is not None:
+                target[need, : q - 1] = getattr(fresh, name)
+        return draft
+
+    def _plan(self, draft: DraftBlock, eff: torch.Tensor, block: int) -> br.BranchPlan | None:
+        if not self.config.branches_enabled or not self.policy.branches_on(eff.numel(), block):
+            return None
+        risky = risky_positions(draft, eff - 1, self.config.delta, self.config.max_corrections)
+        return br.plan(risky, eff, block, self.config.continuation, self.mask_id)
+
+    def _verify(self, rows, seeds, draft_ids, eff, plan):
+        """One forward: verifier segment first, then branch segments. Returns target logits [R, block, V]."""
+        r = rows.numel()
+        q = int(eff.max())
+        ids = torch.cat([seeds[:, None], draft_ids], dim=1)[:, :q]
+        valid = torch.arange(q, device=rows.device)[None, :] < eff[:, None]
+        intra = causal_intra(r, q, rows.device) & valid[:, None, :]
+        offsets = torch.arange(q, device=rows.device).expand(r, -1)
+        draft_mask = torch.zeros(r, q, dtype=torch.bool, device=rows.device)
+        if plan is not None:
+            ids, offsets, intra, draft_mask = br.append_segments(plan, ids, offsets, intra, draft_mask)
+        logits = self._forward(rows, ids, offsets, intra, draft_mask=draft_mask)
+        self.stats.record_forward(rows, ids.shape[1])
+        branch_logits = logits[:, q:] if plan is not None else None
+        return logits[:, :q], branch_logits
+
+    def _accept(self, draft: DraftBlock, scores: torch.Tensor, draft_len: torch.Tensor):
+        k = scores.shape[1] - 1
+        if not self.settings.do_sample:
+            return greedy_verify(draft.ids[:, :k], scores.argmax(-1), draft_len)
+        target_probs = torch.softmax(scores, dim=-1)
+        return sampling_verify(draft.ids[:, :k], draft.probs[:, :k], target_probs, draft_len)
+
+    def _commit(self, rows, draft_ids, verdict) -> torch.Tensor:
+        """Write emitted tokens, advance the cache, apply stopping. Returns tokens emitted per row [R]."""
+        n_acc = verdict.num_accepted
+        k = draft_ids.shape[1]
+        idx = torch.arange(k + 1, device=rows.device)
+        new = torch.cat([draft_ids, torch.zeros_like(draft_ids[:, :1])], dim=1)  # [R, k+1]
+        new.scatter_(1, n_acc[:, None], verdict.next_token[:, None])
+        num_new = n_acc + 1
+        # EOS inside the emitted tokens: keep it, drop what follows
+        if self.settings.eos_token_ids:
+            eos = torch.isin(new, torch.tensor(self.settings.eos_token_ids, device=rows.device))
+            eos &= idx[None, :] < num_new[:, None]
+            has_eos = eos.any(1)
+            first = torch.where(has_eos, eos.float().argmax(1) + 1, num_new)
+            num_new = torch.minimum(num_new, first)
+        else:
+            has_eos = torch.zeros_like(n_acc, dtype=torch.bool)
+        self.cache.commit(rows, n_acc + 1)  # seed + accepted drafts; the new seed is not in the cache yet
+        old = self.count[rows].clone()
+        write = idx[None, :] < num_new[:, None]
+        cols = self.prompt_width + old[:, None] + idx[None, :]
+        row_idx = rows[:, None].expand_as(cols)
+        self.seq[row_idx[write], cols[write]] = new[write]
+        self.count[rows] = old + num_new
+        done = has_eos | (self.count[rows] >= self.settings.max_new_tokens)
+        self.finished[rows] |= done
+        self.stopper.check(self.seq, self.count, self.finished, old_counts=(rows, old))
+        return self.count[rows] - old
+
+    # ------------------------------------------------------------------ the forward
+    def _forward(self, rows, ids, offsets, intra, draft_mask=None, logits_to_keep=0):
+        kv_len = self.cache.bind(rows, ids.shape[1])
+        lengths = self.cache.lengths[rows]
+        pads = self.pads[rows]
+        mask = build_mask(lengths, pads, intra, kv_len, dtype=self.backbone.dtype)
+        pos = positions(lengths, pads, offsets).clamp(min=0)
+        self._check_positions(pos)
+        return self.backbone.forward(ids, pos, mask, self.cache, draft_mask=draft_mask,
+                                     logits_to_keep=logits_to_keep)
+
+    def _check_positions(self, pos):
+        limit = self.backbone.max_positions
+        if limit is not None and int(pos.max()) >= limit:
+            raise ValueError(f"Sequence length exceeds the model's maximum positions ({limit}); shorten the "
+                             "prompt or lower max_new_tokens")
+
+
+def verifier_entropy(scores: torch.Tensor, num_accepted: torch.Tensor, eff: torch.Tensor) -> torch.Tensor:
+    """Mean verifier entropy [R] over causally valid positions: those up to the first mismatch.
+
+    Args:
+        scores: [R, Q, V] processed verifier scores; num_accepted, eff: [R].
+    """
+    logp = torch.log_softmax(scores.float(), dim=-1)
+    ent = -(logp.exp() * logp).nan_to_num().sum(-1)  # [R, Q]; -inf scores contribute 0
+    idx = torch.arange(ent.shape[1], device=ent.device)
+    valid = idx[None, :] <= torch.minimum(num_accepted, eff - 1)[:, None]
+    return (ent * valid).sum(1) / valid.sum(1).clamp(min=1)

@@ -1,0 +1,91 @@
+"""`recguide_hf.generate(model, ...)`: the engine behind HF's `model.generate` interface.
+
+HF's own `generate` does all the preparation (GenerationConfig merging, `max_length`, special tokens,
+logits processors, stopping criteria) and then calls a decoding method; we hand it ours through the
+public `custom_generate=<callable>` hook. `recguide_mode="ar"` is plain HF generation, untouched.
+The model folder's `custom_generate/generate.py` is a shim that calls this function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .backbone import as_backbone
+from .config import DecodingConfig
+from .engine import Engine, SamplingSettings
+from .processors import ScoreProcessor
+from .stopping import StopChecker
+
+
+@dataclass
+class RecGuideGenerateOutput(GenerateDecoderOnlyOutput):
+    """HF's decoder-only output plus `recguide_stats` (see stats.py for the fields)."""
+
+    recguide_stats: dict | None = None
+
+
+def generate(*args, **kwargs):
+    """Generate with RecGuide; same arguments as `model.generate`, plus the `recguide_*` settings.
+
+    Call as `generate(model, input_ids, ...)` or, from a model folder's shim, `generate(input_ids, model=m)`.
+    """
+    if "model" in kwargs:
+        model = kwargs.pop("model")
+    else:
+        model, args = args[0], args[1:]
+    settings = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("recguide_")}
+    gen_config = kwargs.get("generation_config") or model.generation_config
+    config = DecodingConfig.from_sources(gen_config, **settings)  # validates every recguide_* key
+    if config.mode == "ar":
+        return GenerationMixin.generate(model, *args, **kwargs)
+    _check_supported(gen_config, kwargs)
+    return GenerationMixin.generate(model, *args, custom_generate=_decode, recguide_config=config, **kwargs)
+
+
+def _check_supported(gen_config, kwargs):
+    def get(name, default=None):
+        return kwargs.get(name, getattr(gen_config, name, default))
+
+    problems = []
+    if (get("num_beams", 1) or 1) > 1:
+        problems.append("beam search (num_beams > 1)")
+    if (get("num_return_sequences", 1) or 1) > 1:
+        problems.append("num_return_sequences > 1")
+    if kwargs.get("assistant_model") is not None or get("prompt_lookup_num_tokens") is not None:
+        problems.append("assisted generation with another assistant (assistant_model / prompt_lookup_num_tokens)")
+    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+        if get(flag, False):
+            problems.append(flag)
+    if problems:
+        raise ValueError(f"RecGuide decoding does not support {', '.join(problems)}; pass recguide_mode='ar' "
+                         "for plain Hugging Face generation")
+
+
+def _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+            streamer=None, recguide_config: DecodingConfig | None = None, **model_kwargs):
+    """The decoding method HF calls after its own preparation (signature of `GenerationMixin._sample`)."""
+    config = recguide_config or DecodingConfig.from_sources(generation_config)
+    backbone = as_backbone(model)
+    eos = generation_config._eos_token_tensor
+    eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
+    pad = generation_config._pad_token_tensor
+    pad_id = int(pad) if pad is not None else (eos_ids[0] if eos_ids else 0)
+    settings = SamplingSettings(
+        max_new_tokens=generation_config.max_length - input_ids.shape[1], eos_token_ids=eos_ids,
+        pad_token_id=pad_id, do_sample=bool(generation_config.do_sample),
+        draft_temperature=float(generation_config.temperature or 1.0),
+    )
+    engine = Engine(backbone, config, settings, ScoreProcessor(logits_processor, backbone.mask_token_id),
+                    StopChecker(stopping_criteria, pad_id))
+    sequences, stats = engine.generate(input_ids, model_kwargs.get("attention_mask"))
+    if streamer is not None:
+        streamer.put(sequences[:, input_ids.shape[1]:].cpu())
+        streamer.end()
+    if generation_config.return_dict_in_generate:
+        return RecGuideGenerateOutput(sequences=sequences, recguide_stats=stats.as_dict())
+    return sequences
+
+

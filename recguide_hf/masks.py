@@ -1,0 +1,49 @@
+"""4D attention masks and position ids for forwards over a `RowCache`.
+
+Every forward has the same shape: each row r has a committed prefix in cache slots `[pad_r, len_r)`
+(`pad_r` = left padding of its prompt) and Q new query tokens written to slots `len_r .. len_r + Q - 1`.
+What a query sees among the new tokens is a per-row boolean `[Q, Q]` pattern ("intra" mask): causal for
+verification, all-to-all for a draft block, a tree for fused verify + branch segments. Every query always
+sees the whole committed prefix and itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .modeling import additive_mask
+
+
+def causal_intra(num_rows: int, query_len: int, device=None) -> torch.Tensor:
+    """`[R, Q, Q]` lower-triangular pattern (verification)."""
+    return torch.ones(query_len, query_len, dtype=torch.bool, device=device).tril().expand(num_rows, -1, -1)
+
+
+def block_intra(num_rows: int, query_len: int, device=None) -> torch.Tensor:
+    """`[R, Q, Q]` all-to-all pattern (one bidirectional draft block)."""
+    return torch.ones(num_rows, query_len, query_len, dtype=torch.bool, device=device)
+
+
+def build_mask(lengths: torch.Tensor, pads: torch.Tensor, intra: torch.Tensor, kv_len: int,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive mask `[R, 1, Q, kv_len]`.
+
+    Args:
+        lengths: [R] committed slots per row (new tokens start there).
+        pads: [R] left-padding slots of each row's prompt (never visible).
+        intra: [R, Q, Q] bool, query i may see new token j.
+    """
+    num_rows, query_len, _ = intra.shape
+    col = torch.arange(kv_len, device=intra.device)
+    prefix = (col[None, :] >= pads[:, None]) & (col[None, :] < lengths[:, None])  # [R, KV]
+    rel = col[None, :] - lengths[:, None]  # [R, KV] index among the new tokens
+    is_new = (rel >= 0) & (rel < query_len)
+    gathered = torch.gather(intra, 2, rel.clamp(0, query_len - 1)[:, None, :].expand(-1, query_len, -1))
+    allowed = (prefix[:, None, :] | (gathered & is_new[:, None, :]))  # [R, Q, KV]
+    diag = rel[:, None, :] == torch.arange(query_len, device=intra.device)[None, :, None]
+    return additive_mask((allowed | diag)[:, None], dtype=dtype)
+
+
+def positions(lengths: torch.Tensor, pads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Position ids `[R, Q]` of new tokens at `offsets` ([R, Q] or [Q]) slots past the committed length."""
+    return (lengths - pads)[:, None] + offsets

@@ -1,0 +1,60 @@
+"""The self-speculative model class: one Qwen3-style backbone, two attention modes.
+
+Which mode a token is computed in is decided only by the 4D additive attention mask and the per-token
+position ids the caller passes:
+
+* causal (AR) mode: the usual lower-triangular mask; logits at position i predict token i + 1;
+* block-diffusion (draft) mode: a block of MASK tokens attends to the cached prefix and bidirectionally
+  to itself; the logits at a MASK position predict the token AT that position (NLD / SDAR convention).
+
+The class adds nothing to the forward of `Qwen3ForCausalLM` (both `cache` and the pre-5.24 name
+`past_key_values` are accepted there, `logits_to_keep` is honoured, and any `Cache` subclass works since
+attention only calls `cache.update`); it carries `mask_token_id` and a default block size in its config.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+
+class RecGuideConfig(Qwen3Config):
+    """`Qwen3Config` plus the two facts a self-speculative decoder needs.
+
+    Args:
+        mask_token_id: id of the MASK token fed at positions to be drafted.
+        block_size: default draft block size B (seed + B - 1 drafted tokens).
+    """
+
+    model_type = "recguide"
+
+    def __init__(self, mask_token_id: int | None = None, block_size: int = 16, **kwargs):
+        self.mask_token_id = mask_token_id
+        self.block_size = block_size
+        super().__init__(**kwargs)
+
+
+class RecGuideForCausalLM(Qwen3ForCausalLM):
+    """A Qwen3 decoder trained for both next-token prediction and block drafting."""
+
+    config_class = RecGuideConfig
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Turn a boolean "may attend" mask into the additive float mask HF attention expects.
+
+    Disallowed entries get the dtype's most negative finite value rather than -inf, so a row that sees
+    nothing (a padding query) gives a uniform average instead of NaN.
+    """
+    # [R, 1, Q, K] -> same shape, 0.0 where allowed
+    zeros = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zeros, torch.finfo(dtype).min)
+
+
+def block_draft_mask(prefix_len: int, block_size: int, device=None) -> torch.Tensor:
+    """Additive mask `[1, 1, B, prefix_len + B]` for one draft block after a cached prefix.
+
+    Every block token sees the whole prefix and every other block token (bidirectional).
+    """
+    allowed = torch.ones(1, 1, block_size, prefix_len + block_size, dtype=torch.bool, device=device)
+    return additive_mask(allowed)

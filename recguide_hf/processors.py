@@ -1,0 +1,57 @@
+"""The user's logits processors, applied to verifier logits per position with the matching prefix.
+
+HF generation calls each processor once per generated position with `input_ids` = everything before
+that position. A verify forward scores a whole block at once, so position i of a row's block is
+processed with `[that row's sequence so far, d_1 .. d_i]`, exactly what HF would have passed. Processors
+that never read `input_ids` (temperature, top-k, top-p, suppress-tokens...) run once over all positions.
+The MASK token is always removed from verifier scores, so it is never emitted.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import generation as hf_gen
+
+_INPUT_FREE = tuple(getattr(hf_gen, name) for name in (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+    "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "SuppressTokensLogitsProcessor",
+) if hasattr(hf_gen, name))
+
+
+class ScoreProcessor:
+    """Turns raw verifier logits `[R, Q, V]` into the scores HF's loop would have sampled from."""
+
+    def __init__(self, processors, mask_token_id: int):
+        self.processors = list(processors or [])
+        self.mask_token_id = mask_token_id
+        self.input_free = all(isinstance(p, _INPUT_FREE) for p in self.processors)
+
+    def __call__(self, seq: torch.Tensor, prompt_width: int, counts: torch.Tensor, rows: torch.Tensor,
+                 block_ids: torch.Tensor, logits: torch.Tensor, eff: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            seq: [N, W + max_new] all requests' token buffer (prompt, then emitted tokens incl. the seed).
+            counts: [R] emitted tokens of the rows; rows: [R] their indices in seq.
+            block_ids: [R, >=Q] the verified block `[seed, d_1 ..]`; logits: [R, Q, V]; eff: [R] real length.
+        """
+        scores = logits.float()
+        scores[..., self.mask_token_id] = float("-inf")
+        if not self.processors:
+            return scores
+        num_rows, q, vocab = scores.shape
+        if self.input_free:
+            flat = scores.reshape(num_rows * q, vocab)
+            dummy = torch.zeros(num_rows * q, 1, dtype=torch.long, device=scores.device)
+            for proc in self.processors:
+                flat = proc(dummy, flat)
+            return flat.view(num_rows, q, vocab)
+        out = scores.clone()
+        for r in range(num_rows):
+            history = seq[rows[r], : prompt_width + int(counts[r])]
+            for i in range(int(eff[r])):
+                ids = torch.cat([history, block_ids[r, 1 : i + 1]])[None]
+                row = scores[r, i][None]
+                for proc in self.processors:
+                    row = proc(ids, row)
+                out[r, i] = row[0]
+        return out

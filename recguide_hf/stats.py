@@ -1,0 +1,91 @@
+"""Per-request and total decoding statistics (DESIGN 6), returned as `recguide_stats`.
+
+Definitions:
+* forwards: decode forward calls (prefill excluded; a fused verify + branches call counts once). Per
+  request: the forwards it took part in. In total: batched calls issued.
+* tpf: new tokens / forwards a request took part in (in total: summed over requests), so it means the
+  same at every batch size; tau: new tokens per round; query_tokens: tokens fed to the backbone.
+* hits: reused branches per kind; coverage: rounds whose next block came from a hit; forwards_saved:
+  draft forwards avoided (one per hit).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from .branches import KIND_NAMES
+
+
+class Stats:
+    def __init__(self, num_rows: int):
+        z = lambda: torch.zeros(num_rows, dtype=torch.long)  # noqa: E731
+        self.new_tokens, self.forwards, self.rounds, self.query_tokens = z(), z(), z(), z()
+        self.accepted, self.drafted, self.branch_rounds = z(), z(), z()
+        self.hits = torch.zeros(num_rows, len(KIND_NAMES), dtype=torch.long)
+        self.block_sizes = [Counter() for _ in range(num_rows)]
+        self.total_forwards = 0
+        self.total_query_tokens = 0
+        # signals for the adaptive policy (DESIGN 2.3): last two entropies, last block, fully accepted?
+        self.entropy = torch.full((num_rows, 2), float("nan"))
+        self.last_block = torch.zeros(num_rows, dtype=torch.long)
+        self.last_full = torch.zeros(num_rows, dtype=torch.bool)
+
+    def record_forward(self, rows: torch.Tensor, query_len: int):
+        rows = rows.cpu()
+        self.forwards[rows] += 1
+        self.query_tokens[rows] += query_len
+        self.total_forwards += 1
+        self.total_query_tokens += query_len * rows.numel()
+
+    def record_round(self, rows, block: int, emitted, num_accepted, draft_len, hit_kind, had_branches: bool,
+                     entropy):
+        rows = rows.cpu()
+        self.rounds[rows] += 1
+        self.new_tokens[rows] += emitted.cpu()
+        self.accepted[rows] += num_accepted.cpu()
+        self.drafted[rows] += draft_len.cpu()
+        if had_branches:
+            self.branch_rounds[rows] += 1
+        kind = hit_kind.cpu()
+        hit = kind >= 0
+        self.hits[rows[hit], kind[hit]] += 1
+        for r in rows.tolist():
+            self.block_sizes[r][block] += 1
+        self.entropy[rows, 1] = self.entropy[rows, 0]
+        self.entropy[rows, 0] = entropy.float().cpu()
+        self.last_block[rows] = block
+        self.last_full[rows] = (num_accepted >= draft_len).cpu()
+
+    def _summary(self, idx) -> dict:
+        new = int(self.new_tokens[idx].sum())
+        fwd = int(self.forwards[idx].sum())
+        rounds = int(self.rounds[idx].sum())
+        branch_rounds = int(self.branch_rounds[idx].sum())
+        hits = self.hits[idx].sum(0) if self.hits[idx].dim() > 1 else self.hits[idx]
+        num_hits = int(hits.sum())
+        sizes = Counter()
+        for i in ([idx] if isinstance(idx, int) else idx):
+            sizes.update(self.block_sizes[i])
+        return {
+            "new_tokens": new, "forwards": fwd, "rounds": rounds,
+            "tpf": new / fwd if fwd else 0.0, "tau": new / rounds if rounds else 0.0,
+            "query_tokens": int(self.query_tokens[idx].sum()),
+            "accepted_drafts": int(self.accepted[idx].sum()), "drafted": int(self.drafted[idx].sum()),
+            "hits": {name: int(hits[i]) for i, name in enumerate(KIND_NAMES)},
+            "branch_rounds": branch_rounds,
+            "coverage": num_hits / branch_rounds if branch_rounds else 0.0,
+            "no_hit_rate": 1 - num_hits / branch_rounds if branch_rounds else 0.0,
+            "forwards_saved": num_hits,
+            "block_sizes": {int(k): v for k, v in sorted(sizes.items())},
+        }
+
+    def as_dict(self) -> dict:
+        n = self.new_tokens.shape[0]
+        total = self._summary(list(range(n)))
+        total["request_forwards"] = total["forwards"]
+        total["forwards"] = self.total_forwards
+        total["total_query_tokens"] = self.total_query_tokens
+        total["per_request"] = [self._summary(i) for i in range(n)]
+        return total
