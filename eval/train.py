@@ -205,8 +205,8 @@ def train(args):
         state["step"] += 1
         state["tokens"] += x.numel()
         now = time.time()
-        bar.update(int(now - t0 - state["elapsed"]))
         state["elapsed"] = now - t0
+        bar.update(int(state["elapsed"]) - bar.n)
         if state["step"] % 20 == 0:
             shown = {k: f"{v.item():.3f}" for k, v in parts.items()}
             bar.set_postfix(shown | {"tok/s": int(state["tokens"] / state["elapsed"])})

@@ -106,6 +106,16 @@ class Hits:
     kind: torch.Tensor  # [R] kind of the reused branch, -1 = no hit
     block: DraftBlock | None  # drafts d'_1 .. d'_{B-1} for the rows with a hit (rows in `kind >= 0` order)
 
+    def drop(self, rows_mask: torch.Tensor) -> "Hits":
+        """Forget the hits of the rows in `rows_mask` [R] (e.g. requests that just finished)."""
+        if self.block is None or not bool((rows_mask & (self.kind >= 0)).any()):
+            return self
+        keep = ~rows_mask[self.kind >= 0]
+        b = self.block
+        block = DraftBlock(b.ids[keep], b.margin[keep], b.correction[keep], None if b.probs is None else b.probs[keep])
+        kind = torch.where(rows_mask, torch.full_like(self.kind, -1), self.kind)
+        return Hits(kind, block if bool(keep.any()) else None)
+
 
 def reuse(plan: BranchPlan | None, verdict, draft_len: torch.Tensor, branch_logits: torch.Tensor | None,
           mask_token_id: int, eos_token_ids: list[int], temperature: float | None) -> Hits:

@@ -141,6 +141,7 @@ class Engine:
         # 6. reuse a branch whose hypothesis came true
         temperature = self.settings.draft_temperature if self.settings.do_sample else None
         hits = br.reuse(plan, verdict, eff - 1, branch_logits, self.mask_id, self.settings.eos_token_ids, temperature)
+        hits = hits.drop(self.finished[rows])  # a finished request has no next round to reuse it in
         self.pending.store(rows, hits)
         self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
                                 verifier_entropy(scores, verdict.num_accepted, eff))

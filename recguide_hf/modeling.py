@@ -39,6 +39,30 @@ class RecGuideForCausalLM(Qwen3ForCausalLM):
 
     config_class = RecGuideConfig
 
+    @torch.no_grad()
+    def draft_logits(self, seed_ids: torch.Tensor, cache, prefix_len: int, block_size: int | None = None,
+                     keep_cache: bool = True) -> torch.Tensor:
+        """Block-diffusion forward over `[seed, MASK x (B-1)]` after a cached prefix of `prefix_len` tokens.
+
+        Args:
+            seed_ids: [R] the last committed-to-be token of each row (not yet in the cache).
+            cache: an HF cache holding the prefix (rows share `prefix_len`, no padding).
+            keep_cache: if True the cache is left as it was (a DynamicCache is cropped back).
+        Returns:
+            logits [R, B, V]; position j >= 1 predicts the token AT position prefix_len + j.
+        """
+        block = block_size or self.config.block_size
+        num_rows = seed_ids.shape[0]
+        ids = torch.full((num_rows, block), self.config.mask_token_id, dtype=torch.long, device=seed_ids.device)
+        ids[:, 0] = seed_ids
+        pos = torch.arange(prefix_len, prefix_len + block, device=seed_ids.device).expand(num_rows, -1)
+        mask = block_draft_mask(prefix_len, block, device=seed_ids.device).expand(num_rows, -1, -1, -1)
+        logits = self(input_ids=ids, position_ids=pos, attention_mask=mask.to(self.dtype), cache=cache,
+                      use_cache=True).logits
+        if keep_cache and hasattr(cache, "crop") and cache.get_seq_length() == prefix_len + block:
+            cache.crop(-block)
+        return logits
+
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Turn a boolean "may attend" mask into the additive float mask HF attention expects.

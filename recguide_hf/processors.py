@@ -45,13 +45,25 @@ class ScoreProcessor:
             for proc in self.processors:
                 flat = proc(dummy, flat)
             return flat.view(num_rows, q, vocab)
+        # HF processors may hold per-row state indexed by the batch (e.g. repetition penalty's padding
+        # lengths), so they always see the full batch [N, L]; one call per distinct prefix length L.
         out = scores.clone()
+        n = seq.shape[0]
+        wanted: dict[int, list[tuple[int, int]]] = {}
         for r in range(num_rows):
-            history = seq[rows[r], : prompt_width + int(counts[r])]
             for i in range(int(eff[r])):
-                ids = torch.cat([history, block_ids[r, 1 : i + 1]])[None]
-                row = scores[r, i][None]
-                for proc in self.processors:
-                    row = proc(ids, row)
-                out[r, i] = row[0]
+                wanted.setdefault(prompt_width + int(counts[r]) + i, []).append((r, i))
+        for length, members in sorted(wanted.items()):
+            ids = seq[:, :length].clone() if length <= seq.shape[1] else torch.nn.functional.pad(
+                seq, (0, length - seq.shape[1]))
+            batch_scores = torch.zeros(n, vocab, device=scores.device)
+            for r, i in members:
+                g = int(rows[r])
+                start = prompt_width + int(counts[r])
+                ids[g, start:length] = block_ids[r, 1 : i + 1]
+                batch_scores[g] = scores[r, i]
+            for proc in self.processors:
+                batch_scores = proc(ids, batch_scores)
+            for r, i in members:
+                out[r, i] = batch_scores[int(rows[r])]
         return out

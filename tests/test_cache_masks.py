@@ -1,0 +1,39 @@
+"""RowCache bookkeeping and mask construction against a brute-force reference."""
+
+import torch
+
+from recguide_hf.cache import RowCache
+from recguide_hf.masks import build_mask, causal_intra, positions
+
+
+def test_rollback_is_not_advancing():
+    cache = RowCache(num_layers=1, num_rows=2, num_kv_heads=1, head_dim=1, capacity=16)
+    rows = torch.tensor([0, 1])
+    cache.bind(rows, 3)
+    k = torch.arange(6, dtype=torch.float).view(2, 1, 3, 1)
+    keys, _ = cache.update(k, k, 0)
+    assert keys.shape == (2, 1, 3, 1)
+    cache.commit(rows, torch.tensor([1, 3]))
+    assert cache.lengths.tolist() == [1, 3]
+    # next forward writes right after each committed length, overwriting the uncommitted slots
+    cache.bind(torch.tensor([0]), 2)
+    k2 = torch.tensor([10.0, 11.0]).view(1, 1, 2, 1)
+    keys, _ = cache.update(k2, k2, 0)
+    assert keys[0, 0, :, 0].tolist() == [0.0, 10.0, 11.0]
+    assert cache.keys[0][1, 0, :3, 0].tolist() == [3.0, 4.0, 5.0]  # row 1 untouched
+
+
+def test_build_mask_brute_force():
+    lengths, pads = torch.tensor([4, 2]), torch.tensor([1, 0])
+    q = 3
+    intra = causal_intra(2, q)
+    kv = int(lengths.max()) + q
+    mask = build_mask(lengths, pads, intra, kv)
+    for r in range(2):
+        for i in range(q):
+            for j in range(kv):
+                prefix = pads[r] <= j < lengths[r]
+                new = lengths[r] <= j < lengths[r] + q and (j - lengths[r]) <= i
+                allowed = bool(prefix or new)
+                assert (mask[r, 0, i, j] == 0) == allowed, (r, i, j)
+    assert positions(lengths, pads, torch.arange(q)).tolist() == [[3, 4, 5], [2, 3, 4]]

@@ -1,0 +1,175 @@
+"""Engine: parity with plain HF greedy, stopping, statistics on hand-worked cases, sampling."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+import recguide_hf
+from conftest import EOS, MASK, left_pad, random_prompts, tiny_model
+from mock_backbone import MockBackbone
+from recguide_hf.config import DecodingConfig
+from recguide_hf.engine import Engine, SamplingSettings
+
+
+def hf_greedy(model, ids, mask, **kw):
+    return model.generate(ids, attention_mask=mask, do_sample=False, **kw)
+
+
+@pytest.mark.parametrize("mode", ["linear", "recguide"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_parity_batches_and_blocks(model, mode, batch):
+    prompts = random_prompts(batch, 96, min_len=1, max_len=20, seed=batch)
+    ids, mask = left_pad(prompts)
+    ref = hf_greedy(model, ids, mask, max_new_tokens=23)
+    for block in (2, 3, 8, 16, 32):
+        out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=23, recguide_mode=mode,
+                                   recguide_block_size=block)
+        assert torch.equal(out, ref), (mode, block)
+
+
+def test_parity_many_prompts_one_at_a_time():
+    model = tiny_model(seed=3)
+    for prompt in random_prompts(12, 96, max_len=30, seed=7):
+        ids = torch.tensor([prompt])
+        ref = hf_greedy(model, ids, None, max_new_tokens=17)
+        out = recguide_hf.generate(model, ids, max_new_tokens=17, recguide_block_size=5)
+        assert torch.equal(out, ref)
+
+
+def test_max_new_tokens_smaller_than_block(model):
+    ids, mask = left_pad(random_prompts(2, 96, seed=4))
+    for n in (1, 3, 7):
+        ref = hf_greedy(model, ids, mask, max_new_tokens=n)
+        out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=n, recguide_block_size=16)
+        assert torch.equal(out, ref)
+
+
+def test_user_processors_parity(model):
+    ids, mask = left_pad(random_prompts(3, 96, seed=5))
+    kw = dict(max_new_tokens=20, repetition_penalty=1.3, no_repeat_ngram_size=2, bad_words_ids=[[7], [9, 10]],
+              min_new_tokens=5)
+    ref = hf_greedy(model, ids, mask, **kw)
+    out = recguide_hf.generate(model, ids, attention_mask=mask, recguide_block_size=6, **kw)
+    assert torch.equal(out, ref)
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_stopping_criteria_per_row(model):
+    ids, mask = left_pad(random_prompts(4, 96, seed=6))
+    free = hf_greedy(model, ids, mask, max_new_tokens=20)
+    stop_token = int(free[0, ids.shape[1] + 4])  # a token row 0 emits
+    crit = lambda: StoppingCriteriaList([StopAfterToken(stop_token)])  # noqa: E731
+    ref = hf_greedy(model, ids, mask, max_new_tokens=20, stopping_criteria=crit())
+    out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=20, stopping_criteria=crit(),
+                               recguide_block_size=8)
+    assert torch.equal(out, ref)
+
+
+def test_eos_inside_accepted_block():
+    # true text has EOS at position 6; the drafter is perfect, so EOS arrives inside an accepted block
+    true = [5 + (i % 40) for i in range(64)]
+    true[6] = EOS
+    mock = MockBackbone(true, list(true))
+    cfg = DecodingConfig(mode="linear", block_size=8)
+    engine = Engine(mock, cfg, SamplingSettings(max_new_tokens=20, eos_token_ids=[EOS], pad_token_id=2))
+    seq, stats = engine.generate(torch.tensor([true[:2]]))
+    assert seq[0, 2:].tolist() == true[2:7]  # up to and including EOS, nothing after
+    assert stats.as_dict()["new_tokens"] == 5
+
+
+def _hand_case():
+    true = [10 + i for i in range(40)]
+    drafts = list(true)
+    drafts[3] = 50  # the drafter gets position 3 wrong (runner-up right, tiny margin)
+    drafts[7] = 51  # and position 7
+    return true, drafts
+
+
+def test_linear_statistics_hand_computed():
+    true, drafts = _hand_case()
+    mock = MockBackbone(true, drafts)
+    engine = Engine(mock, DecodingConfig(mode="linear", block_size=4), SamplingSettings(max_new_tokens=10))
+    seq, stats = engine.generate(torch.tensor([true[:2]]))
+    assert seq[0, 2:].tolist() == true[2:12]
+    s = stats.as_dict()
+    # round 1: [t1, d2, d3x, d4] accepts d2, recovers t3 (2 tokens); round 2: [t3, d4, d5, d6] all + bonus t7
+    # (4 tokens); round 3: [t7, d8, d9, d10] all + bonus (4 tokens) -> 10 tokens, 3 rounds, 6 forwards
+    assert (s["new_tokens"], s["rounds"], s["forwards"]) == (10, 3, 6)
+    assert s["tau"] == pytest.approx(10 / 3) and s["tpf"] == pytest.approx(10 / 6)
+    assert s["accepted_drafts"] == 1 + 3 + 3 and s["block_sizes"] == {4: 3}
+
+
+def test_recguide_statistics_hand_computed():
+    true, drafts = _hand_case()
+    mock = MockBackbone(true, drafts)
+    engine = Engine(mock, DecodingConfig(mode="recguide", block_size=4), SamplingSettings(max_new_tokens=10))
+    seq, stats = engine.generate(torch.tensor([true[:2]]))
+    assert seq[0, 2:].tolist() == true[2:12]
+    s = stats.as_dict()
+    # round 1: d3 is risky with correction t3 -> the first-correction branch hits, so round 2 needs no draft;
+    # round 2's continuation guesses the bonus from the drafter (d7 wrong) -> miss; round 3 drafts again
+    assert (s["rounds"], s["forwards"]) == (3, 5)
+    assert s["hits"] == {"correction_1": 1, "correction_2": 0, "continuation": 0}
+    assert s["forwards_saved"] == 1 and s["coverage"] == pytest.approx(1 / 3)
+    # verify forwards carry the verifier segment and the branch segments in ONE row
+    assert all(rows == 1 for rows, _, _ in mock.calls)
+
+
+def test_batch_composition_does_not_change_output(model):
+    prompts = random_prompts(6, 96, min_len=2, max_len=25, seed=9)
+    ids, mask = left_pad(prompts)
+    batched = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=15, recguide_block_size=4)
+    width = ids.shape[1]
+    for i, p in enumerate(prompts):
+        alone = recguide_hf.generate(model, torch.tensor([p]), max_new_tokens=15, recguide_block_size=4)
+        new_alone = alone[0, len(p):].tolist()
+        assert batched[i, width:width + len(new_alone)].tolist() == new_alone
+        assert (batched[i, width + len(new_alone):] == 2).all()  # then only padding
+
+
+def test_sampling_matches_verifier_distribution():
+    """Empirical distribution of the 2nd new token vs the exact verifier distribution (TV bound)."""
+    model = tiny_model(seed=11, vocab=12, init_scale=0.08, layers=1)
+    prompt = torch.tensor([[5, 7, 4]])
+    n = 6000
+    torch.manual_seed(0)
+    gc = GenerationConfig(do_sample=True, top_k=None, temperature=1.0, max_new_tokens=2, eos_token_id=EOS,
+                          pad_token_id=2, suppress_tokens=[MASK])
+    out = recguide_hf.generate(model, prompt.expand(n, -1), generation_config=gc, recguide_block_size=4,
+                               recguide_mode="linear")
+    second = out[:, -1]
+    with torch.no_grad():
+        def probs(ids):
+            logits = model(ids).logits[:, -1].float()
+            logits[:, MASK] = float("-inf")
+            return torch.softmax(logits, -1)
+        p1 = probs(prompt)[0]
+        exact = torch.zeros(12)
+        for t in range(12):
+            if t == EOS:  # the model's EOS ends the row; the 2nd slot is then padding (id 2)
+                exact[2] += p1[t]
+            elif p1[t] > 0:
+                exact += p1[t] * probs(torch.cat([prompt, torch.tensor([[t]])], 1))[0]
+    empirical = torch.bincount(second, minlength=12).float() / n
+    tv = 0.5 * (empirical - exact).abs().sum()
+    assert tv < 0.04, tv
+    uniform = torch.full((12,), 1 / 11)
+    uniform[MASK] = 0
+    assert 0.5 * (uniform - exact).abs().sum() > 0.1  # the bound would catch a wrong distribution
+
+
+def test_sampling_is_reproducible(model):
+    ids, mask = left_pad(random_prompts(3, 96, seed=12))
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append(recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=12, do_sample=True,
+                                         temperature=0.8, top_p=0.9, recguide_block_size=4))
+    assert torch.equal(runs[0], runs[1])
