@@ -2,7 +2,7 @@
 
     python eval/train.py --phase ar --minutes 30 --run runs/ar
     python eval/train.py --phase joint --minutes 65 --init runs/ar/final --run runs/joint
-    python eval/train.py --export runs/joint/final --out model_cards/recguide-tiny
+    python eval/export_model.py runs/joint/final model_cards/recguide-tiny
 
 Budgets are wall-clock minutes (the learning-rate schedule follows elapsed time), checkpoints are written
 every `--ckpt-minutes` and `--resume` continues a run. bf16 autocast is on by default (`--dtype fp32` to

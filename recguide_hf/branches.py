@@ -106,7 +106,7 @@ class Hits:
     kind: torch.Tensor  # [R] kind of the reused branch, -1 = no hit
     block: DraftBlock | None  # drafts d'_1 .. d'_{B-1} for the rows with a hit (rows in `kind >= 0` order)
 
-    def drop(self, rows_mask: torch.Tensor) -> "Hits":
+    def drop(self, rows_mask: torch.Tensor) -> Hits:
         """Forget the hits of the rows in `rows_mask` [R] (e.g. requests that just finished)."""
         if self.block is None or not bool((rows_mask & (self.kind >= 0)).any()):
             return self

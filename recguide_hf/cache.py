@@ -11,8 +11,20 @@ attend over what it returns.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import Cache
+
+
+@dataclass
+class Binding:
+    """Where one forward's query tokens go: rows [R], slots [R, Q], the KV width it sees."""
+
+    rows: torch.Tensor
+    write_pos: torch.Tensor
+    kv_len: int
+    all_rows: bool
 
 
 class RowCache(Cache):
@@ -23,8 +35,9 @@ class RowCache(Cache):
             longest prompt + new tokens + the widest query of a round.
         dtype, device: of the buffers.
 
-    Before each forward the engine calls `bind(rows, query_len)`: the forward covers `rows` (an index
-    into the buffers, in the order of the forward's batch) with `query_len` tokens each.
+    Before each forward the engine calls `bind(rows, query_len)` (or `prepare` then `use`, to set up two
+    concurrent forwards without waiting for the device): the forward covers `rows` (an index into the
+    buffers, in the order of the forward's batch) with `query_len` tokens each.
     """
 
     def __init__(self, num_layers: int, num_rows: int, num_kv_heads: int, head_dim: int, capacity: int,
@@ -34,11 +47,10 @@ class RowCache(Cache):
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.capacity = capacity
-        self.lengths = torch.zeros(num_rows, dtype=torch.long, device=device)  # committed slots per row
-        self._rows: torch.Tensor | None = None
-        self._all_rows = True
-        self._write_pos: torch.Tensor | None = None
-        self._kv_len = 0
+        # committed slots per row; kept on the host so binding a forward never waits for the device
+        self.lengths = torch.zeros(num_rows, dtype=torch.long)
+        self.device = torch.device(device)
+        self._binding: Binding | None = None
 
     @classmethod
     def for_model(cls, model, num_rows: int, capacity: int) -> RowCache:
@@ -52,41 +64,50 @@ class RowCache(Cache):
     def num_rows(self) -> int:
         return self.lengths.shape[0]
 
-    def bind(self, rows: torch.Tensor, query_len: int) -> int:
-        """Prepare a forward over `rows` with `query_len` new tokens each; returns the KV width it sees."""
-        self._rows = rows
-        self._all_rows = rows.numel() == self.num_rows and bool((rows == torch.arange(
-            self.num_rows, device=rows.device)).all())
-        base = self.lengths[rows]
-        self._write_pos = base[:, None] + torch.arange(query_len, device=rows.device)  # [R, Q]
-        self._kv_len = int(base.max()) + query_len
-        if self._kv_len > self.capacity:
-            raise RuntimeError(f"RowCache capacity {self.capacity} exceeded ({self._kv_len} slots needed)")
-        return self._kv_len
+    def prepare(self, rows: torch.Tensor, query_len: int, write_offset: int = 0) -> Binding:
+        """Describe a forward over `rows` with `query_len` new tokens each, written `write_offset` slots past
+        each row's committed length (a second concurrent forward writes past the first one's slots)."""
+        rows_cpu = rows.cpu()
+        base = self.lengths[rows_cpu] + write_offset
+        write_pos = (base[:, None] + torch.arange(query_len)).to(self.device, non_blocking=True)  # [R, Q]
+        kv_len = int(base.max()) + query_len
+        if kv_len > self.capacity:
+            raise RuntimeError(f"RowCache capacity {self.capacity} exceeded ({kv_len} slots needed)")
+        all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
+        return Binding(rows.to(self.device), write_pos, kv_len, all_rows)
+
+    def use(self, binding: Binding) -> None:
+        self._binding = binding
+
+    def bind(self, rows: torch.Tensor, query_len: int, write_offset: int = 0) -> int:
+        """`prepare` + `use`; returns the KV width the forward sees."""
+        binding = self.prepare(rows, query_len, write_offset)
+        self.use(binding)
+        return binding.kv_len
 
     def commit(self, rows: torch.Tensor, num_tokens: torch.Tensor) -> None:
         """Make the first `num_tokens[i]` written slots of `rows[i]` permanent."""
-        self.lengths[rows] += num_tokens
+        self.lengths[rows.cpu()] += num_tokens.cpu()
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Free rows for new requests (continuous batching): their committed length becomes 0."""
-        self.lengths[rows] = 0
+        self.lengths[rows.cpu()] = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [R, kv_heads, Q, head_dim]
-        rows, pos = self._rows, self._write_pos
-        row_idx = rows[:, None].expand_as(pos)
-        self.keys[layer_idx][row_idx, :, pos] = key_states.transpose(1, 2).to(self.keys[layer_idx].dtype)
-        self.values[layer_idx][row_idx, :, pos] = value_states.transpose(1, 2).to(self.values[layer_idx].dtype)
-        if self._all_rows:
-            return self.keys[layer_idx][:, :, :self._kv_len], self.values[layer_idx][:, :, :self._kv_len]
-        return self.keys[layer_idx][rows, :, :self._kv_len], self.values[layer_idx][rows, :, :self._kv_len]
+        b = self._binding
+        row_idx = b.rows[:, None].expand_as(b.write_pos)
+        self.keys[layer_idx][row_idx, :, b.write_pos] = key_states.transpose(1, 2).to(self.keys[layer_idx].dtype)
+        self.values[layer_idx][row_idx, :, b.write_pos] = value_states.transpose(1, 2).to(self.values[layer_idx].dtype)
+        if b.all_rows:
+            return self.keys[layer_idx][:, :, :b.kv_len], self.values[layer_idx][:, :, :b.kv_len]
+        return self.keys[layer_idx][b.rows, :, :b.kv_len], self.values[layer_idx][b.rows, :, :b.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.lengths.max()) if self.lengths.numel() else 0
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self._kv_len, 0
+        return (self._binding.kv_len if self._binding else 0), 0
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.capacity

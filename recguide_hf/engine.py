@@ -17,6 +17,7 @@ so no request pads to a larger block. Finished requests leave the forward batch.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +65,15 @@ class Engine:
         self.stopper = stopper or StopChecker([], settings.pad_token_id)
         self.policy = policy or BlockPolicy.from_config(config)
         self.mask_id = backbone.mask_token_id
+        self.split_streams, self._side_stream = self._streams_setup(config.overlap)
+
+    def _streams_setup(self, overlap: str):
+        if overlap != "streams":
+            return False, None
+        if self.backbone.device.type == "cuda":
+            return True, torch.cuda.Stream(device=self.backbone.device)
+        _warn_once("recguide_overlap='streams' needs CUDA; falling back to the fused single-forward layout")
+        return False, None
 
     # ------------------------------------------------------------------ public entry
     @torch.no_grad()
@@ -96,7 +106,8 @@ class Engine:
         if bool((self.pads >= w).any()):
             raise ValueError("Every prompt needs at least one token (found an empty, all-padding prompt)")
         max_new = self.settings.max_new_tokens
-        self.branch_width = 3 * self.config.max_block_size if self.config.branches_enabled else 0
+        # branch segments (3 x B), plus a copy of the verifier segment when they run on a second stream
+        self.branch_width = 4 * self.config.max_block_size if self.config.branches_enabled else 0
         self.cache = RowCache.for_model(self.backbone.model, n, w + max_new + self.config.max_block_size
                                         + self.branch_width)
         self.seq = torch.full((n, w + max_new), self.settings.pad_token_id, dtype=torch.long, device=device)
@@ -179,7 +190,10 @@ class Engine:
         return br.plan(risky, eff, block, self.config.continuation, self.mask_id)
 
     def _verify(self, rows, seeds, draft_ids, eff, plan):
-        """One forward: verifier segment first, then branch segments. Returns target logits [R, block, V]."""
+        """Verifier segment first, then branch segments, in one fused forward (or two concurrent CUDA streams).
+
+        Returns target logits [R, Q, V] and branch logits [R, S*B, V] (None without branches).
+        """
         r = rows.numel()
         q = int(eff.max())
         ids = torch.cat([seeds[:, None], draft_ids], dim=1)[:, :q]
@@ -187,12 +201,35 @@ class Engine:
         intra = causal_intra(r, q, rows.device) & valid[:, None, :]
         offsets = torch.arange(q, device=rows.device).expand(r, -1)
         draft_mask = torch.zeros(r, q, dtype=torch.bool, device=rows.device)
-        if plan is not None:
-            ids, offsets, intra, draft_mask = br.append_segments(plan, ids, offsets, intra, draft_mask)
-        logits = self._forward(rows, ids, offsets, intra, draft_mask=draft_mask)
-        self.stats.record_forward(rows, ids.shape[1])
-        branch_logits = logits[:, q:] if plan is not None else None
-        return logits[:, :q], branch_logits
+        if plan is None:
+            logits = self._forward(rows, ids, offsets, intra, draft_mask=draft_mask)
+            self.stats.record_forward(rows, q)
+            return logits, None
+        full = br.append_segments(plan, ids, offsets, intra, draft_mask)
+        if self.split_streams:
+            return self._verify_two_streams(rows, (ids, offsets, intra, draft_mask), full, q)
+        logits = self._forward(rows, full[0], full[1], full[2], draft_mask=full[3])
+        self.stats.record_forward(rows, full[0].shape[1])
+        return logits[:, :q], logits[:, q:]
+
+    def _verify_two_streams(self, rows, verifier, full, q):
+        """`recguide_overlap="streams"`: the verifier segment on the current stream, the branch layout (with
+        its own copy of the verifier tokens, written to later scratch slots) on a second stream. Both
+        forwards are prepared before either is launched, so nothing waits for the device in between."""
+        prep_v = self._prepare(rows, verifier[0], verifier[1], verifier[2])
+        prep_b = self._prepare(rows, full[0], full[1], full[2], write_offset=q)
+        main = torch.cuda.current_stream() if self._side_stream is not None else None
+        if main is not None:
+            self._side_stream.wait_stream(main)
+        logits = self._run(prep_v, verifier[0], verifier[3])
+        if main is not None:
+            with torch.cuda.stream(self._side_stream):
+                branch_logits = self._run(prep_b, full[0], full[3])[:, q:]
+            main.wait_stream(self._side_stream)
+        else:  # CPU: the same two forwards one after the other (tests exercise this path)
+            branch_logits = self._run(prep_b, full[0], full[3])[:, q:]
+        self.stats.record_forward(rows, full[0].shape[1] + q)  # the pair counts as one (concurrent) forward
+        return logits, branch_logits
 
     def _accept(self, draft: DraftBlock, scores: torch.Tensor, draft_len: torch.Tensor):
         k = scores.shape[1] - 1
@@ -232,20 +269,34 @@ class Engine:
 
     # ------------------------------------------------------------------ the forward
     def _forward(self, rows, ids, offsets, intra, draft_mask=None, logits_to_keep=0):
-        kv_len = self.cache.bind(rows, ids.shape[1])
-        lengths = self.cache.lengths[rows]
-        pads = self.pads[rows]
-        mask = build_mask(lengths, pads, intra, kv_len, dtype=self.backbone.dtype)
-        pos = positions(lengths, pads, offsets).clamp(min=0)
-        self._check_positions(pos)
-        return self.backbone.forward(ids, pos, mask, self.cache, draft_mask=draft_mask,
-                                     logits_to_keep=logits_to_keep)
+        return self._run(self._prepare(rows, ids, offsets, intra), ids, draft_mask, logits_to_keep)
 
-    def _check_positions(self, pos):
+    def _prepare(self, rows, ids, offsets, intra, write_offset: int = 0):
+        """Cache binding, additive mask and position ids of one forward (no device wait)."""
+        binding = self.cache.prepare(rows, ids.shape[1], write_offset)
+        lengths = self.cache.lengths[rows.cpu()].to(ids.device)
+        pads = self.pads[rows]
+        mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=self.backbone.dtype, write_offset=write_offset)
+        pos = positions(lengths, pads, offsets).clamp(min=0)
         limit = self.backbone.max_positions
-        if limit is not None and int(pos.max()) >= limit:
+        if limit is not None and int(lengths.max()) - int(pads.min()) + int(offsets.max()) >= limit:
             raise ValueError(f"Sequence length exceeds the model's maximum positions ({limit}); shorten the "
                              "prompt or lower max_new_tokens")
+        return binding, mask, pos
+
+    def _run(self, prepared, ids, draft_mask=None, logits_to_keep=0):
+        binding, mask, pos = prepared
+        self.cache.use(binding)
+        return self.backbone.forward(ids, pos, mask, self.cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str):
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def verifier_entropy(scores: torch.Tensor, num_accepted: torch.Tensor, eff: torch.Tensor) -> torch.Tensor:

@@ -25,18 +25,20 @@ def block_intra(num_rows: int, query_len: int, device=None) -> torch.Tensor:
 
 
 def build_mask(lengths: torch.Tensor, pads: torch.Tensor, intra: torch.Tensor, kv_len: int,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               dtype: torch.dtype = torch.float32, write_offset: int = 0) -> torch.Tensor:
     """Additive mask `[R, 1, Q, kv_len]`.
 
     Args:
         lengths: [R] committed slots per row (new tokens start there).
         pads: [R] left-padding slots of each row's prompt (never visible).
         intra: [R, Q, Q] bool, query i may see new token j.
+        write_offset: the new tokens sit this many slots past the committed length (slots in between,
+            another forward's scratch, are invisible).
     """
     num_rows, query_len, _ = intra.shape
     col = torch.arange(kv_len, device=intra.device)
     prefix = (col[None, :] >= pads[:, None]) & (col[None, :] < lengths[:, None])  # [R, KV]
-    rel = col[None, :] - lengths[:, None]  # [R, KV] index among the new tokens
+    rel = col[None, :] - (lengths[:, None] + write_offset)  # [R, KV] index among the new tokens
     is_new = (rel >= 0) & (rel < query_len)
     gathered = torch.gather(intra, 2, rel.clamp(0, query_len - 1)[:, None, :].expand(-1, query_len, -1))
     allowed = (prefix[:, None, :] | (gathered & is_new[:, None, :]))  # [R, Q, KV]

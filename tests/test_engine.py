@@ -173,3 +173,39 @@ def test_sampling_is_reproducible(model):
         runs.append(recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=12, do_sample=True,
                                          temperature=0.8, top_p=0.9, recguide_block_size=4))
     assert torch.equal(runs[0], runs[1])
+
+
+def test_streams_layout_equals_fused(model):
+    """The two-forward layout used by recguide_overlap='streams' (run sequentially on CPU) gives the same
+    output and the same branch hits as the fused single forward."""
+    true, drafts = _hand_case()
+    results = []
+    for split in (False, True):
+        mock = MockBackbone(true, drafts)
+        engine = Engine(mock, DecodingConfig(mode="recguide", block_size=4), SamplingSettings(max_new_tokens=10))
+        engine.split_streams = split
+        seq, stats = engine.generate(torch.tensor([true[:2]]))
+        results.append((seq.tolist(), stats.as_dict()["hits"], stats.as_dict()["forwards"]))
+    assert results[0] == results[1]
+    ids, mask = left_pad(random_prompts(3, 96, seed=13))
+    ref = hf_greedy(model, ids, mask, max_new_tokens=14)
+    engine = Engine(recguide_hf.backbone.Backbone(model), DecodingConfig(block_size=5),
+                    SamplingSettings(max_new_tokens=14, eos_token_ids=[EOS], pad_token_id=2))
+    engine.split_streams = True
+    seq, _ = engine.generate(ids, mask)
+    assert torch.equal(seq, ref)
+
+
+def test_streams_fall_back_on_cpu_with_one_warning(model):
+    import warnings
+
+    from recguide_hf import engine as engine_module
+
+    engine_module._WARNED.clear()
+    ids = torch.tensor([[5, 6, 7]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = recguide_hf.generate(model, ids, max_new_tokens=6, recguide_overlap="streams")
+        recguide_hf.generate(model, ids, max_new_tokens=6, recguide_overlap="streams")
+    assert sum("needs CUDA" in str(w.message) for w in caught) == 1
+    assert torch.equal(a, hf_greedy(model, ids, None, max_new_tokens=6))

@@ -1,0 +1,31 @@
+"""Turn a training run's final folder into the Hub model folder (weights, tokenizer, code shims, configs).
+
+    python eval/export_model.py runs/joint/final model_cards/recguide-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from transformers import AutoTokenizer  # noqa: E402
+
+from recguide_hf.export import save_model_folder  # noqa: E402
+from recguide_hf.modeling import RecGuideForCausalLM  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_folder", type=Path)
+    p.add_argument("out", type=Path)
+    args = p.parse_args(argv)
+    model = RecGuideForCausalLM.from_pretrained(args.run_folder, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(args.run_folder)
+    save_model_folder(model, tokenizer, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
