@@ -17,6 +17,7 @@ so no request pads to a larger block. Finished requests leave the forward batch.
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -75,60 +76,113 @@ class Engine:
         _warn_once("recguide_overlap='streams' needs CUDA; falling back to the fused single-forward layout")
         return False, None
 
-    # ------------------------------------------------------------------ public entry
+    # ------------------------------------------------------------------ public entries
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        """Decode. Returns (sequences [N, W + max new], Stats).
+        """Decode one static batch. Returns (sequences [N, W + max new], Stats).
 
         Args:
             input_ids: [N, W] left-padded prompts; attention_mask: [N, W] (None = no padding).
         """
-        self._start(input_ids, attention_mask)
-        while True:
-            active = (~self.finished).nonzero().squeeze(1)
-            if active.numel() == 0:
-                break
-            for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
-                self._round(rows, block)
+        device = self.backbone.device
+        input_ids = input_ids.to(device)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        pads = (attention_mask.to(device) == 0).long().cumprod(dim=1).sum(dim=1)  # left padding per row
+        self._allocate(*input_ids.shape)
+        self._admit(torch.arange(input_ids.shape[0], device=device), input_ids, pads)
+        while self._step():
+            pass
         width = self.prompt_width + int(self.count.max())
         return self.seq[:, :width], self.stats
 
-    # ------------------------------------------------------------------ setup
-    def _start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    @torch.no_grad()
+    def serve(self, prompts: list[list[int]], slots: int, on_finish=None) -> list[dict]:
+        """Closed-loop continuous batching: `slots` requests in flight; a finished request's slot is reused by
+        the next queued prompt. Returns one record per prompt (new token ids, latency, per-request stats)."""
         device = self.backbone.device
-        input_ids = input_ids.to(device)
-        n, w = input_ids.shape
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        attention_mask = attention_mask.to(device)
-        self.prompt_width = w
-        self.pads = (attention_mask == 0).long().cumprod(dim=1).sum(dim=1)  # left padding per row
-        if bool((self.pads >= w).any()):
-            raise ValueError("Every prompt needs at least one token (found an empty, all-padding prompt)")
-        max_new = self.settings.max_new_tokens
-        # branch segments (3 x B), plus a copy of the verifier segment when they run on a second stream
-        self.branch_width = 4 * self.config.max_block_size if self.config.branches_enabled else 0
-        self.cache = RowCache.for_model(self.backbone.model, n, w + max_new + self.config.max_block_size
-                                        + self.branch_width)
-        self.seq = torch.full((n, w + max_new), self.settings.pad_token_id, dtype=torch.long, device=device)
-        self.seq[:, :w] = input_ids
-        self.count = torch.zeros(n, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
-        self.finished = torch.zeros(n, dtype=torch.bool, device=device)
-        if max_new <= 0:
-            self.finished[:] = True
-        self.pending = br.PendingBlocks(n, self.config.max_block_size, device)
-        self.stats = Stats(n)
-        self.stopper.start(self.seq, w)
-        self._prefill(input_ids)
+        width = max(len(p) for p in prompts)
+        self._allocate(slots, width)
+        self.finished[:] = True
+        queue = list(range(len(prompts)))
+        records: list[dict | None] = [None] * len(prompts)
+        owner = [-1] * slots  # request id held by each slot
+        started = [0.0] * slots
+        while queue or any(o >= 0 for o in owner):
+            free = [r for r in range(slots) if owner[r] < 0]
+            take = [(r, queue.pop(0)) for r in free[: len(queue)]]
+            if take:
+                rows = torch.tensor([r for r, _ in take], device=device)
+                ids = torch.full((len(take), width), self.settings.pad_token_id, dtype=torch.long, device=device)
+                for k, (_, q) in enumerate(take):
+                    ids[k, width - len(prompts[q]):] = torch.tensor(prompts[q])
+                pads = torch.tensor([width - len(prompts[q]) for _, q in take], device=device)
+                now = time.perf_counter()
+                for r, q in take:
+                    owner[r], started[r] = q, now
+                self._admit(rows, ids, pads)
+            self._step()
+            now = time.perf_counter()
+            for r in range(slots):
+                if owner[r] >= 0 and bool(self.finished[r]):
+                    n = int(self.count[r])
+                    rec = {"new_ids": self.seq[r, width:width + n].tolist(), "latency": now - started[r],
+                           **self.stats.row_summary(r)}
+                    records[owner[r]] = rec
+                    if on_finish is not None:
+                        on_finish(owner[r], rec)
+                    owner[r] = -1
+        return records
 
-    def _prefill(self, input_ids: torch.Tensor):
+    def _step(self) -> bool:
+        """One round for every active request (one bucket at a time). False when nothing is active."""
+        active = (~self.finished).nonzero().squeeze(1)
+        if active.numel() == 0:
+            return False
+        for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
+            self._round(rows, block)
+        return True
+
+    # ------------------------------------------------------------------ setup
+    def _allocate(self, num_rows: int, prompt_width: int):
+        """Buffers for `num_rows` request slots whose (left-padded) prompts are at most `prompt_width` long."""
+        device = self.backbone.device
+        max_new = self.settings.max_new_tokens
+        self.prompt_width = prompt_width
+        # branch segments (3 x B), plus a copy of the verifier segment when they run on a second stream
+        branch_width = 4 * self.config.max_block_size if self.config.branches_enabled else 0
+        capacity = prompt_width + max_new + self.config.max_block_size + branch_width
+        self.cache = RowCache.for_model(self.backbone.model, num_rows, capacity)
+        self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
+                              device=device)
+        self.pads = torch.zeros(num_rows, dtype=torch.long, device=device)
+        self.count = torch.zeros(num_rows, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
+        self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
+        self.pending = br.PendingBlocks(num_rows, self.config.max_block_size, device)
+        self.stats = Stats(num_rows)
+        self.stopper.start(self.seq, prompt_width)
+
+    def _admit(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor):
+        """Start requests in `rows`: prompts `input_ids` [R, W] left-padded by `pads` [R]."""
+        if bool((pads >= self.prompt_width).any()):
+            raise ValueError("Every prompt needs at least one token (found an empty, all-padding prompt)")
+        self.seq[rows] = self.settings.pad_token_id
+        self.seq[rows, : self.prompt_width] = input_ids
+        self.pads[rows] = pads
+        self.count[rows] = 0
+        self.finished[rows] = self.settings.max_new_tokens <= 0
+        self.pending.has[rows] = False
+        self.stats.reset_rows(rows)
+        self.cache.reset_rows(rows)
+        self._prefill(rows, input_ids)
+
+    def _prefill(self, rows: torch.Tensor, input_ids: torch.Tensor):
         """Write all prompt tokens but the last (the first seed) into the cache."""
         n, w = input_ids.shape
         if w == 1:
             return
-        rows = torch.arange(n, device=input_ids.device)
         col = torch.arange(w - 1, device=input_ids.device)
-        intra = causal_intra(n, w - 1, input_ids.device) & (col[None, None, :] >= self.pads[:, None, None])
+        intra = causal_intra(n, w - 1, input_ids.device) & (col[None, None, :] >= self.pads[rows][:, None, None])
         offsets = col[None, :].expand(n, -1)
         self._forward(rows, input_ids[:, :-1], offsets, intra, logits_to_keep=1)
         self.cache.commit(rows, torch.full_like(rows, w - 1))

@@ -32,6 +32,19 @@ class Stats:
         self.last_block = torch.zeros(num_rows, dtype=torch.long)
         self.last_full = torch.zeros(num_rows, dtype=torch.bool)
 
+    def reset_rows(self, rows: torch.Tensor):
+        """A slot starts a new request: clear its per-request counters and signals."""
+        rows = rows.cpu()
+        for t in (self.new_tokens, self.forwards, self.rounds, self.query_tokens, self.accepted, self.drafted,
+                  self.branch_rounds, self.hits, self.last_block, self.last_full):
+            t[rows] = 0
+        self.entropy[rows] = float("nan")
+        for r in rows.tolist():
+            self.block_sizes[r] = Counter()
+
+    def row_summary(self, row: int) -> dict:
+        return self._summary(row)
+
     def record_forward(self, rows: torch.Tensor, query_len: int):
         rows = rows.cpu()
         self.forwards[rows] += 1
