@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .cache import RowCache
+
 
 class Backbone:
     """Adapter for any HF causal LM trained for block drafting with a mask token (this project's model,
@@ -33,6 +35,14 @@ class Backbone:
     @property
     def max_positions(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def new_cache(self, num_rows: int, capacity: int) -> RowCache:
+        """A per-row-length KV cache shaped for this model's attention layers."""
+        return RowCache.for_model(self.model, num_rows, capacity)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache, draft_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:

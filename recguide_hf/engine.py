@@ -25,7 +25,6 @@ import torch
 
 from . import branches as br
 from .backbone import Backbone
-from .cache import RowCache
 from .config import DecodingConfig
 from .draft import DraftBlock, make_draft, risky_positions
 from .masks import block_intra, build_mask, causal_intra, positions
@@ -152,7 +151,7 @@ class Engine:
         # branch segments (3 x B), plus a copy of the verifier segment when they run on a second stream
         branch_width = 4 * self.config.max_block_size if self.config.branches_enabled else 0
         capacity = prompt_width + max_new + self.config.max_block_size + branch_width
-        self.cache = RowCache.for_model(self.backbone.model, num_rows, capacity)
+        self.cache = self.backbone.new_cache(num_rows, capacity)
         self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
                               device=device)
         self.pads = torch.zeros(num_rows, dtype=torch.long, device=device)
@@ -215,7 +214,7 @@ class Engine:
         """Drafts d_1 .. d_{block-1} for every row of the bucket (from a branch hit or a draft forward)."""
         have, draft = self.pending.take(rows, block - 1)
         if self.settings.do_sample and draft.probs is None:
-            vocab = self.backbone.model.config.vocab_size
+            vocab = self.backbone.vocab_size
             draft.probs = torch.zeros(rows.numel(), block - 1, vocab, device=rows.device)
         need = (~have) & (eff > 1)
         if not bool(need.any()):
