@@ -59,11 +59,11 @@ class Engine:
 
     def __init__(self, backbone: Backbone, config: DecodingConfig, settings: SamplingSettings,
                  processor: ScoreProcessor | None = None, stopper: StopChecker | None = None,
-                 policy: BlockPolicy | None = None):
+                 policy: BlockPolicy | None = None, base_dir=None):
         self.backbone, self.config, self.settings = backbone, config, settings
         self.processor = processor or ScoreProcessor([], backbone.mask_token_id)
         self.stopper = stopper or StopChecker([], settings.pad_token_id)
-        self.policy = policy or BlockPolicy.from_config(config)
+        self.policy = policy or BlockPolicy.from_config(config, base_dir)
         self.mask_id = backbone.mask_token_id
         self.split_streams, self._side_stream = self._streams_setup(config.overlap)
 
@@ -207,6 +207,8 @@ class Engine:
         hits = br.reuse(plan, verdict, eff - 1, branch_logits, self.mask_id, self.settings.eos_token_ids, temperature)
         hits = hits.drop(self.finished[rows])  # a finished request has no next round to reuse it in
         self.pending.store(rows, hits)
+        if plan is not None:
+            self.policy.observe(rows.numel(), int((hits.kind >= 0).sum()), int((plan.kind >= 0).sum()))
         self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
                                 verifier_entropy(scores, verdict.num_accepted, eff))
 

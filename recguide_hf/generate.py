@@ -79,7 +79,7 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
         draft_temperature=float(generation_config.temperature or 1.0),
     )
     engine = Engine(backbone, config, settings, ScoreProcessor(logits_processor, backbone.mask_token_id),
-                    StopChecker(stopping_criteria, pad_id))
+                    StopChecker(stopping_criteria, pad_id), base_dir=getattr(model.config, "_name_or_path", None))
     sequences, stats = engine.generate(input_ids, model_kwargs.get("attention_mask"))
     if streamer is not None:
         streamer.put(sequences[:, input_ids.shape[1]:].cpu())

@@ -31,6 +31,7 @@ class Stats:
         self.entropy = torch.full((num_rows, 2), float("nan"))
         self.last_block = torch.zeros(num_rows, dtype=torch.long)
         self.last_full = torch.zeros(num_rows, dtype=torch.bool)
+        self.round_log: list[tuple] | None = None  # set to [] to log (row, block, accepted, drafts, entropy)
 
     def reset_rows(self, rows: torch.Tensor):
         """A slot starts a new request: clear its per-request counters and signals."""
@@ -66,6 +67,9 @@ class Stats:
         self.hits[rows[hit], kind[hit]] += 1
         for r in rows.tolist():
             self.block_sizes[r][block] += 1
+        if self.round_log is not None:
+            for r, n, k, e in zip(rows.tolist(), num_accepted.tolist(), draft_len.tolist(), entropy.tolist()):
+                self.round_log.append((r, block, n, k, e))
         self.entropy[rows, 1] = self.entropy[rows, 0]
         self.entropy[rows, 0] = entropy.float().cpu()
         self.last_block[rows] = block

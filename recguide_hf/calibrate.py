@@ -1,0 +1,139 @@
+"""Fit the value table `V_B(s, z)` of the adaptive block-size policy (DESIGN 2.3).
+
+Calibration runs LinearSS at the largest block size and logs, per request and round, the verifier
+entropy `e_t` and the drafts accepted `n_t`. Because acceptance is a prefix, the same round at a smaller
+block B would have accepted `min(n_t, B-1)` drafts, so one run at B_max yields the progress
+`min(n_t, B-1) + 1` of every candidate B, and whether a previous block B' was fully accepted
+(`n_{t-1} >= B'-1`). Then, for each B and each state `z = (B', F)`, V is the weighted mean progress per
+bin of the certainty `s_t = -(e_{t-1} + e_{t-2}) / 2`. Each dataset gets equal total weight; quality is
+reported out of fold (5 folds split by request).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class Round:
+    dataset: str
+    request: int  # request id, unique within the dataset
+    t: int  # round index within the request
+    entropy: float  # e_t: mean verifier entropy over causally valid positions
+    accepted: int  # n_t at the calibration block
+
+
+def _samples(rounds: list[Round], block_sizes, weights_by_dataset):
+    """Rows (request key, s, B_prev, F_prev, progress per B, weight) for rounds with two rounds of history."""
+    by_req: dict[tuple, list[Round]] = {}
+    for r in rounds:
+        by_req.setdefault((r.dataset, r.request), []).append(r)
+    out = []
+    for key, rs in by_req.items():
+        rs.sort(key=lambda r: r.t)
+        for i in range(2, len(rs)):
+            s = -(rs[i - 1].entropy + rs[i - 2].entropy) / 2
+            for b_prev in block_sizes:
+                full = rs[i - 1].accepted >= b_prev - 1
+                progress = {b: min(rs[i].accepted, b - 1) + 1 for b in block_sizes}
+                out.append((key, s, b_prev, full, progress, weights_by_dataset[key[0]]))
+    return out
+
+
+def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: int = 5, seed: int = 0) -> dict:
+    """Fit V on all rounds and report out-of-fold prediction quality."""
+    counts: dict[str, int] = {}
+    for r in rounds:
+        counts[r.dataset] = counts.get(r.dataset, 0) + 1
+    weights = {d: 1.0 / n for d, n in counts.items()}
+    samples = _samples(rounds, block_sizes, weights)
+    if not samples:
+        raise ValueError("Calibration needs requests with at least three rounds")
+    s_all = np.array([x[1] for x in samples])
+    edges = np.unique(np.quantile(s_all, np.linspace(0, 1, num_bins + 1)[1:-1])).tolist()
+    table = _fit_table(samples, block_sizes, edges)
+    report = _out_of_fold(samples, block_sizes, edges, folds, seed)
+    return {"block_sizes": list(block_sizes), "s_edges": edges, "values": table["values"], "mean": table["mean"],
+            "report": report, "datasets": {d: n for d, n in counts.items()}}
+
+
+def _bin(s: float, edges) -> int:
+    return int(np.searchsorted(edges, s, side="right"))
+
+
+def _fit_table(samples, block_sizes, edges) -> dict:
+    nb = len(edges) + 1
+    values: dict = {}
+    mean = {}
+    for b in block_sizes:
+        tot = sum(w * p[b] for _, _, _, _, p, w in samples)
+        wsum = sum(w for *_, w in samples)
+        mean[str(b)] = tot / wsum
+        values[str(b)] = {}
+        for b_prev in block_sizes:
+            for full in (False, True):
+                num, den = np.zeros(nb), np.zeros(nb)
+                for _, s, bp, f, p, w in samples:
+                    if bp == b_prev and f == full:
+                        k = _bin(s, edges)
+                        num[k] += w * p[b]
+                        den[k] += w
+                # empty bins fall back to the state's mean, then the block's mean
+                state_mean = num.sum() / den.sum() if den.sum() > 0 else mean[str(b)]
+                vals = np.where(den > 0, num / np.maximum(den, 1e-12), state_mean)
+                values[str(b)][f"{b_prev},{int(full)}"] = vals.tolist()
+    return {"values": values, "mean": mean}
+
+
+def _out_of_fold(samples, block_sizes, edges, folds, seed) -> dict:
+    keys = sorted({x[0] for x in samples})
+    rng = np.random.default_rng(seed)
+    fold_of = {k: int(f) for k, f in zip(keys, rng.permutation(len(keys)) % folds)}
+    err_v, err_base, ss_tot = {b: 0.0 for b in block_sizes}, {b: 0.0 for b in block_sizes}, {}
+    wsum = 0.0
+    for f in range(folds):
+        train = [x for x in samples if fold_of[x[0]] != f]
+        test = [x for x in samples if fold_of[x[0]] == f]
+        if not train or not test:
+            continue
+        vt = ValueTable({"block_sizes": list(block_sizes), "s_edges": edges, **_fit_table(train, block_sizes, edges)})
+        for _, s, bp, full, p, w in test:
+            wsum += w
+            for b in block_sizes:
+                err_v[b] += w * (vt.value(b, s, bp, full) - p[b]) ** 2
+                err_base[b] += w * (vt.mean[b] - p[b]) ** 2
+    for b in block_sizes:
+        ss_tot[b] = 1 - err_v[b] / err_base[b] if err_base[b] > 0 else 0.0
+    return {
+        "rmse": {str(b): float(np.sqrt(err_v[b] / wsum)) for b in block_sizes},
+        "rmse_constant": {str(b): float(np.sqrt(err_base[b] / wsum)) for b in block_sizes},
+        "r2_vs_constant": {str(b): float(ss_tot[b]) for b in block_sizes},
+        "folds": folds,
+    }
+
+
+class ValueTable:
+    """Lookup of V_B(s, z)."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self.block_sizes = [int(b) for b in data["block_sizes"]]
+        self.edges = data["s_edges"]
+        self.values = data["values"]
+        self.mean = {int(b): v for b, v in data["mean"].items()}
+
+    @classmethod
+    def load(cls, path: str | Path) -> ValueTable:
+        return cls(json.loads(Path(path).read_text()))
+
+    def value(self, block: int, s: float | None, prev_block: int | None, full: bool | None) -> float:
+        if s is None or prev_block is None or str(block) not in self.values:
+            return self.mean.get(block, 0.0)
+        per_state = self.values[str(block)].get(f"{prev_block},{int(bool(full))}")
+        if per_state is None:
+            return self.mean[block]
+        return per_state[_bin(s, self.edges)]

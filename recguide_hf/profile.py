@@ -1,0 +1,112 @@
+"""Measure forward costs on this machine: `T_C(B)` for drafting and verifying, and the price of branches.
+
+For each concurrency C (rows in a forward) and block size B the profiler times, over a cached prefix:
+* `draft`: one bidirectional block forward, C x B query tokens;
+* `verify[S]`: one verify forward carrying S = 0..3 branch segments of B tokens per row (S = 0: LinearSS).
+Medians over repeats, after a warm-up. The table is what the block-size policy and the branch rule read;
+`recguide profile --out DIR/cost_table.json` regenerates it for other hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .backbone import as_backbone
+from .masks import block_intra, build_mask, causal_intra, positions
+
+
+def _time_forward(backbone, cache, rows, q, intra, repeats):
+    lengths = cache.lengths[rows.cpu()].to(rows.device)
+    pads = torch.zeros_like(lengths)
+    ids = torch.randint(4, backbone.vocab_size, (rows.numel(), q), device=rows.device)
+    times = []
+    for i in range(repeats + 1):
+        binding = cache.prepare(rows, q)
+        cache.use(binding)
+        mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=backbone.dtype)
+        pos = positions(lengths, pads, torch.arange(q, device=rows.device))
+        if backbone.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        backbone.forward(ids, pos, mask, cache, draft_mask=None)
+        if backbone.device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first call is warm-up
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=(8, 16, 32), prefix_len: int = 256,
+                  repeats: int = 5, progress=None) -> dict:
+    """Seconds per forward: {"C": {"B": {"draft": t, "verify": [t(S=0), t(S=1), t(S=2), t(S=3)]}}}."""
+    backbone = as_backbone(model)
+    device = backbone.device
+    table: dict = {}
+    for c in concurrencies:
+        cache = backbone.new_cache(c, prefix_len + 5 * max(block_sizes))
+        cache.lengths[:] = prefix_len  # attention cost does not depend on what the prefix holds
+        rows = torch.arange(c, device=device)
+        table[str(c)] = {}
+        for b in block_sizes:
+            entry = {"draft": _time_forward(backbone, cache, rows, b, block_intra(c, b, device), repeats)}
+            entry["verify"] = [
+                _time_forward(backbone, cache, rows, b * (1 + s), causal_intra(c, b * (1 + s), device), repeats)
+                for s in range(4)
+            ]
+            table[str(c)][str(b)] = entry
+            if progress is not None:
+                progress.update(1)
+    return {"costs": table, "prefix_len": prefix_len, "device": str(device), "dtype": str(backbone.dtype),
+            "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+class CostTable:
+    """Lookup with linear interpolation in C (and nearest known B)."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self.costs = {int(c): {int(b): v for b, v in per_b.items()} for c, per_b in data["costs"].items()}
+        self.concurrencies = sorted(self.costs)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostTable:
+        return cls(json.loads(Path(path).read_text()))
+
+    def _interp(self, c: float, b: int, key, index=None) -> float:
+        cs = self.concurrencies
+        c = min(max(c, cs[0]), cs[-1])
+        lo = max(x for x in cs if x <= c)
+        hi = min(x for x in cs if x >= c)
+
+        def val(cc):
+            bb = min(self.costs[cc], key=lambda x: abs(x - b))
+            v = self.costs[cc][bb][key]
+            return v[index] if index is not None else v
+
+        if lo == hi:
+            return val(lo)
+        w = (c - lo) / (hi - lo)
+        return (1 - w) * val(lo) + w * val(hi)
+
+    def draft(self, c: float, b: int) -> float:
+        """Seconds of one draft forward with c rows of block b (0 for no rows)."""
+        return 0.0 if c < 0.5 else self._interp(c, b, "draft")
+
+    def verify(self, c: float, b: int, segments: float = 0.0) -> float:
+        """Seconds of one verify forward with `segments` branch segments per row (fractional: interpolated)."""
+        lo = int(segments)
+        hi = min(lo + 1, 3)
+        w = segments - lo
+        return (1 - w) * self._interp(c, b, "verify", lo) + w * self._interp(c, b, "verify", hi)
+
+    def round_cost(self, c: float, b: int) -> float:
+        """LinearSS round: one draft + one verify forward."""
+        return self.draft(c, b) + self.verify(c, b)
