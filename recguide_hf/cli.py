@@ -17,14 +17,17 @@ BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "model_cards" / "recguide-
 def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu"):
     """Tokenizer and model from a folder (default: the bundled recguide-tiny), offline, trust_remote_code."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(model_dir) if model_dir else BUNDLED_MODEL
     if not path.exists():
         raise SystemExit(f"Model folder {path} not found")
     torch_dtype = {"auto": "auto", "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    auto_map = getattr(AutoConfig.from_pretrained(path, trust_remote_code=True), "auto_map", None) or {}
+    # NLD-style folders register only AutoModel (encoder + diffusion head, no causal-LM class)
+    auto_class = AutoModel if auto_map and "AutoModelForCausalLM" not in auto_map else AutoModelForCausalLM
+    model = auto_class.from_pretrained(path, trust_remote_code=True, dtype=torch_dtype)
     return tokenizer, model.to(device).eval()
 
 

@@ -8,9 +8,19 @@ The model folder's `custom_generate/generate.py` is a shim that calls this funct
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
-from transformers import GenerationMixin
+import torch
+from transformers import (
+    GenerationConfig,
+    GenerationMixin,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .backbone import as_backbone
@@ -37,6 +47,8 @@ def generate(*args, **kwargs):
     else:
         model, args = args[0], args[1:]
     settings = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("recguide_")}
+    if not isinstance(model, GenerationMixin):  # e.g. NLD's AutoModel class, or a PEFT wrapper around it
+        return _generate_direct(model, args, kwargs, settings)
     gen_config = kwargs.get("generation_config") or model.generation_config
     config = DecodingConfig.from_sources(gen_config, **settings)  # validates every recguide_* key
     if config.mode == "ar":
@@ -89,3 +101,52 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     return sequences
 
 
+# ---------------------------------------------------------------- models without HF's GenerationMixin
+_DIRECT_KEYS = {"input_ids", "inputs", "attention_mask", "generation_config", "max_new_tokens", "max_length",
+                "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_k", "top_p", "logits_processor",
+                "stopping_criteria", "return_dict_in_generate", "streamer", "token_type_ids"}
+
+
+def _generate_direct(model, args, kwargs, settings):
+    """What HF's `generate` would prepare, for a model that has no `GenerationMixin`, then `_decode`.
+
+    Resolves lengths, EOS / pad (call > generation config > model config), greedy or sampling with
+    temperature / top-k / top-p, and the caller's logits processors and stopping criteria; anything else is
+    refused rather than silently ignored.
+    """
+    unknown = sorted(set(kwargs) - _DIRECT_KEYS)
+    if unknown:
+        raise ValueError(f"{type(model).__name__} is not a transformers GenerationMixin; RecGuide's direct path "
+                         f"supports {sorted(_DIRECT_KEYS)}, not {unknown}")
+    input_ids = args[0] if args else kwargs.pop("input_ids", kwargs.pop("inputs", None))
+    gen_config = copy.deepcopy(kwargs.pop("generation_config", None) or getattr(model, "generation_config", None)
+                               or GenerationConfig())
+    for name in ("eos_token_id", "pad_token_id"):
+        if getattr(gen_config, name, None) is None:
+            setattr(gen_config, name, getattr(model.config, name, None))
+    own = ("logits_processor", "stopping_criteria", "streamer", "attention_mask", "input_ids", "inputs",
+           "token_type_ids")  # a tokenizer's token_type_ids mean nothing to a decoder-only model
+    gen_config.update(**{k: v for k, v in kwargs.items() if k not in own})
+    config = DecodingConfig.from_sources(gen_config, **settings)
+    if config.mode == "ar":
+        raise ValueError("recguide_mode='ar' is Hugging Face's own generate, which this model does not have")
+    if gen_config.max_new_tokens is not None:
+        gen_config.max_length = input_ids.shape[1] + gen_config.max_new_tokens
+    elif gen_config.max_length is None:
+        gen_config.max_length = 20  # HF's default total length
+    eos = gen_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    gen_config._eos_token_tensor = torch.tensor(eos) if eos else None
+    pad = gen_config.pad_token_id
+    gen_config._pad_token_tensor = torch.tensor(pad) if pad is not None else None
+    processors = LogitsProcessorList(kwargs.get("logits_processor") or [])
+    if gen_config.do_sample:
+        if gen_config.temperature not in (None, 1.0):
+            processors.append(TemperatureLogitsWarper(gen_config.temperature))
+        if gen_config.top_k:
+            processors.append(TopKLogitsWarper(gen_config.top_k))
+        if gen_config.top_p not in (None, 1.0):
+            processors.append(TopPLogitsWarper(gen_config.top_p))
+    return _decode(model, input_ids, processors, StoppingCriteriaList(kwargs.get("stopping_criteria") or []),
+                   gen_config, streamer=kwargs.get("streamer"), recguide_config=config,
+                   attention_mask=kwargs.get("attention_mask"))
