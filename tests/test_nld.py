@@ -1,0 +1,264 @@
+"""NLD-style models (DESIGN 4) on a tiny random stand-in: per-token LoRA routing, parity, loading paths."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+from conftest import left_pad, random_prompts  # noqa: E402
+from nld_standin import (  # noqa: E402
+    EOS,
+    MASK,
+    PAD,
+    VOCAB,
+    ar_greedy,
+    linear_ss_reference,
+    lora_layers,
+    set_lora,
+    standin,
+    write_standin_folder,
+)
+
+import recguide_hf  # noqa: E402
+from recguide_hf.backbone import as_backbone  # noqa: E402
+from recguide_hf.config import DecodingConfig  # noqa: E402
+from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
+from recguide_hf.masks import build_mask, causal_intra, positions  # noqa: E402
+from recguide_hf.nld import NLDBackbone  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny matmuls: extra threads only contend with whatever else runs on the machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return standin(seed=0)
+
+
+def prompts_for(n, seed, max_len=12):
+    """Random prompts without MASK or EOS in them."""
+    prompts = random_prompts(n, VOCAB, min_len=1, max_len=max_len, seed=seed)
+    return [[t if t not in (MASK, EOS) else t + 1 for t in p] for p in prompts]
+
+
+def test_backbone_facts(model):
+    bb = as_backbone(model)
+    assert isinstance(bb, NLDBackbone)
+    assert (bb.mask_token_id, bb.vocab_size, bb.max_positions) == (MASK, VOCAB, 1024)
+    assert len(bb.lora_layers) == 2 and all(m.base_layer.in_features == 64 for m in bb.lora_layers)
+    cache = bb.new_cache(3, 40)
+    assert len(cache.keys) == 2 and cache.keys[0].shape == (3, 2, 40, 16)
+    assert all(layer.self_attn.diffusion_lm is False for layer in model.encoder.layers)
+
+
+def _fused_forward(bb, prompt, verify, branch, branch_start, draft_on=True):
+    """One row: cache holds prompt[:-1]; verifier segment `verify` (= [seed, d_1 ..], causal) and one branch
+    segment `branch` (= [c_p, MASK ..], bidirectional) that sees the verifier tokens before `branch_start`."""
+    cache = bb.new_cache(1, 64)
+    rows, pads = torch.tensor([0]), torch.tensor([0])
+    n = len(prompt) - 1
+    cache.bind(rows, n)
+    bb.forward(torch.tensor([prompt[:-1]]), torch.arange(n)[None], build_mask(
+        torch.tensor([0]), pads, causal_intra(1, n), n), cache)
+    cache.commit(rows, torch.tensor([n]))
+    q, b = len(verify), len(branch)
+    intra = torch.zeros(1, q + b, q + b, dtype=torch.bool)
+    intra[:, :q, :q] = causal_intra(1, q)
+    intra[:, q:, :branch_start] = True
+    intra[:, q:, q:] = True
+    offsets = torch.cat([torch.arange(q), branch_start + torch.arange(b)])[None]
+    draft_mask = torch.tensor([[False] * q + [draft_on] * b])
+    kv = cache.bind(rows, q + b)
+    lengths = cache.lengths[rows]
+    logits = bb.forward(torch.tensor([verify + branch]), positions(lengths, pads, offsets),
+                        build_mask(lengths, pads, intra, kv), cache, draft_mask=draft_mask)
+    return logits[0, :q], logits[0, q:]
+
+
+def test_verifier_logits_exactly_the_base_model(model):
+    """Per-token routing: with draft tokens in the same forward, verifier logits are bit-for-bit those of the
+    model with the LoRA disabled, and draft logits are those of a separate LoRA-on draft forward."""
+    bb = as_backbone(model)
+    prompt = [5, 17, 23, 40, 8, 70]
+    verify, branch = [70, 33, 44, 55], [66, MASK, MASK, MASK]
+    v_routed, b_routed = _fused_forward(bb, prompt, verify, branch, branch_start=2)
+    v_off, b_off = _fused_forward(bb, prompt, verify, branch, branch_start=2, draft_on=False)
+    assert torch.equal(v_routed, v_off)  # exact: verifier tokens never see the LoRA
+    base = standin(seed=0, lora=False)  # same base weights, no PEFT layers at all
+    v_base, _ = _fused_forward(as_backbone(base), prompt, verify, branch, branch_start=2)
+    assert torch.equal(v_routed, v_base)
+    assert not torch.allclose(b_routed, b_off, atol=1e-3)  # the LoRA does change the draft tokens
+    with torch.no_grad():
+        # the verifier segment alone, causal, HF's own mask, PEFT's own adapter switch off
+        set_lora(model, False)
+        full = model.diffusion_head(model.encoder(input_ids=torch.tensor([prompt + verify[1:]])).last_hidden_state)
+        torch.testing.assert_close(v_routed, full[0, -len(verify):], atol=1e-5, rtol=1e-5)
+        # the branch as a next-round draft: prefix [prompt, d_1] committed causally (LoRA off), then
+        # [c_p, MASK x 3] with PEFT's LoRA on and bidirectional attention
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        model.encoder(input_ids=torch.tensor([prompt + verify[1:2]]), cache=cache, use_cache=True)
+        set_lora(model, True)
+        p = cache.get_seq_length()
+        draft = model.diffusion_head(model.encoder(input_ids=torch.tensor([branch]), cache=cache, use_cache=True,
+                                                   attention_mask=torch.zeros(1, 1, 4, p + 4)).last_hidden_state)
+        set_lora(model, False)
+    torch.testing.assert_close(b_routed, draft[0], atol=1e-5, rtol=1e-5)
+    assert [m._disable_adapters for m in lora_layers(model)] == [True] * 2  # as set_lora(False) left them
+
+
+@pytest.mark.parametrize("mode", ["linear", "recguide"])
+def test_parity_with_ar_and_reference(model, mode):
+    """RecGuide greedy (left-padded batch, several block sizes) == plain AR greedy with the LoRA off ==
+    the plain LinearSS reference, prompt by prompt."""
+    prompts = prompts_for(4, seed=1)
+    ids, mask = left_pad(prompts, pad=PAD)
+    ref = ar_greedy(model, ids, mask, 20)
+    for block in (2, 5, 16):
+        out = recguide_hf.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=20,
+                                   recguide_block_size=block, recguide_mode=mode)
+        assert torch.equal(out, ref), (mode, block)
+    width = ids.shape[1]
+    for i, prompt in enumerate(prompts[:2]):
+        new, _ = linear_ss_reference(model, prompt, 8, 20)
+        assert new == ref[i, width:width + len(new)].tolist()
+
+
+def test_linear_rounds_match_reference(model):
+    """Batch 1, LinearSS: the engine accepts exactly the reference's drafts round by round (so drafts are
+    made with the LoRA on and bidirectional attention, from the same positions)."""
+    compared = accepted = 0
+    for prompt in prompts_for(3, seed=2):
+        for block in (4, 8):
+            _, ref_rounds = linear_ss_reference(model, prompt, block, 40, prefill_all=False)
+            engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block),
+                            SamplingSettings(max_new_tokens=40, eos_token_ids=[EOS], pad_token_id=PAD))
+            engine._allocate(1, len(prompt))
+            engine.stats.round_log = []
+            engine._admit(torch.tensor([0]), torch.tensor([prompt]), torch.tensor([0]))
+            while engine._step():
+                pass
+            mine = [n for _, _, n, k, _ in engine.stats.round_log if k == block - 1]  # full-size rounds
+            assert mine == ref_rounds[:len(mine)]
+            compared += len(mine)
+            accepted += sum(mine)
+    assert compared > 20 and accepted > 0
+
+
+def test_streams_layout_and_sampling_run(model):
+    ids, mask = left_pad(prompts_for(3, seed=3), pad=PAD)
+    ref = ar_greedy(model, ids, mask, 12)
+    engine = Engine(as_backbone(model), DecodingConfig(block_size=5),
+                    SamplingSettings(max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=PAD))
+    engine.split_streams = True  # the two-forward layout, run one after the other on CPU
+    seq, _ = engine.generate(ids, mask)
+    assert torch.equal(seq, ref)
+    torch.manual_seed(0)
+    a = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=8, do_sample=True, temperature=0.7,
+                             top_k=20, top_p=0.9, recguide_block_size=4)
+    torch.manual_seed(0)
+    b = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=8, do_sample=True, temperature=0.7,
+                             top_k=20, top_p=0.9, recguide_block_size=4)
+    assert torch.equal(a, b) and a.shape == (3, ids.shape[1] + 8) and not (a[:, ids.shape[1]:] == MASK).any()
+
+
+def test_flags_forced_causal_and_restored_switches(model):
+    model.encoder.layers[0].self_attn.diffusion_lm = True  # as NLD's own draft step leaves it
+    set_lora(model, True)
+    ids = torch.tensor([[5, 6, 7]])
+    recguide_hf.generate(model, ids, max_new_tokens=4, recguide_block_size=3)
+    assert model.encoder.layers[0].self_attn.diffusion_lm is False
+    assert [m._disable_adapters for m in lora_layers(model)] == [False, False]  # the user's setting kept
+    assert all(not m._forward_hooks for m in lora_layers(model))  # no hooks left behind
+    set_lora(model, False)
+
+
+def test_generation_mixin_variant_and_peft_wrapper():
+    """An NLD class that is a GenerationMixin (with its own `generate`) goes through HF's generate; a PEFT
+    `PeftModel` around an NLD model is unwrapped and routes its LoRA the same way."""
+    from nld_standin import lora_config, randomize_lora
+    from nld_standin_modeling import NLDStandInModel
+    from peft import get_peft_model
+    from transformers import GenerationConfig, GenerationMixin
+
+    class WithGenerate(NLDStandInModel, GenerationMixin):
+        def generate(self, *args, **kwargs):  # NLD's block-diffusion generate shadows HF's
+            raise AssertionError("RecGuide must not call the model's own generate")
+
+    ids, mask = left_pad(prompts_for(3, seed=4), pad=PAD)
+    plain = standin(seed=5)
+    ref = ar_greedy(plain, ids, mask, 10)
+    torch.manual_seed(5)
+    gm = WithGenerate(plain.config).eval()
+    gm.load_state_dict(standin(seed=5, lora=False).state_dict())
+    gm.generation_config = GenerationConfig(eos_token_id=EOS, pad_token_id=PAD)
+    out = recguide_hf.generate(gm, ids, attention_mask=mask, max_new_tokens=10, recguide_block_size=4)
+    assert torch.equal(out, ref)
+    wrapped = get_peft_model(standin(seed=5, lora=False), lora_config())
+    randomize_lora(wrapped, 0.3, 6)  # the same LoRA weights standin(seed=5) got
+    bb = as_backbone(wrapped)
+    assert isinstance(bb, NLDBackbone) and len(bb.lora_layers) == 2
+    out = recguide_hf.generate(wrapped, ids, attention_mask=mask, max_new_tokens=10, recguide_block_size=4,
+                               return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_model_folder_and_cli(tmp_path, capsys):
+    """`recguide generate --model DIR` on an NLD-style folder (AutoModel + trust_remote_code), and the folder's
+    model + its PEFT adapter reproduce the in-memory stand-in."""
+    from peft import PeftModel
+    from transformers import AutoModel
+
+    from recguide_hf.cli import main
+
+    path = write_standin_folder(tmp_path / "nld", seed=0)
+    loaded = AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+    drafter = PeftModel.from_pretrained(loaded, path / "draft_lora").eval()
+    ids, mask = left_pad(prompts_for(2, seed=5), pad=PAD)
+    mine = recguide_hf.generate(drafter, ids, attention_mask=mask, max_new_tokens=10, recguide_block_size=4,
+                                return_dict_in_generate=True)
+    theirs = recguide_hf.generate(standin(seed=0), ids, attention_mask=mask, max_new_tokens=10,
+                                  recguide_block_size=4, return_dict_in_generate=True)
+    assert torch.equal(mine.sequences, theirs.sequences)
+    assert mine.recguide_stats["accepted_drafts"] == theirs.recguide_stats["accepted_drafts"]
+    assert main(["generate", "--model", str(path), "--prompt", "def f(x):", "--max-new-tokens", "12",
+                 "--block-size", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 < result["new_tokens"] <= 12 and result["block_sizes"] == {"4": result["rounds"]}
+
+
+def test_direct_path_refuses_what_it_cannot_do(model):
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        recguide_hf.generate(model, ids, max_new_tokens=4, repetition_penalty=1.2)
+    with pytest.raises(ValueError, match="recguide_mode='ar'"):
+        recguide_hf.generate(model, ids, max_new_tokens=4, recguide_mode="ar")
+
+
+def test_adapter_guards():
+    m = standin(seed=7)
+    m.encoder.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="4D attention masks"):
+        NLDBackbone(m)
+    m = standin(seed=7)
+    for layer in lora_layers(m):
+        layer.merge()
+    with pytest.raises(ValueError, match="merged"):
+        NLDBackbone(m)
+    m = standin(seed=7, lora=False)
+    m.encoder.layers[0].self_attn.set_attention_mode = lambda *a, **k: None  # NLD's flex-attention class
+    with pytest.raises(NotImplementedError, match="4D mask"):
+        NLDBackbone(m)
+    m = standin(seed=7, lora=False)
+    m.config.dlm_type = "dream"
+    with pytest.raises(NotImplementedError, match="dream"):
+        NLDBackbone(m)
