@@ -72,6 +72,103 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+    from prompts import load_prompts
+
+    return {name: load_prompts(name, limit) for name in names}
+
+
+def cmd_profile(args) -> int:
+    from tqdm import tqdm
+
+    from .profile import profile_costs
+
+    _, model = load(args.model, args.dtype, args.device)
+    total = len(args.concurrency) * len(args.block_sizes)
+    with tqdm(total=total, desc="profile") as bar:
+        table = profile_costs(model, args.concurrency, args.block_sizes, args.prefix_len, args.repeats, bar)
+    out = Path(args.out) if args.out else Path(args.model or BUNDLED_MODEL) / "cost_table.json"
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    for c, per_b in table["costs"].items():
+        print(f"C={c:>3} " + "  ".join(f"B={b}: draft {v['draft'] * 1e3:.1f} ms, verify "
+                                       + "/".join(f"{t * 1e3:.1f}" for t in v["verify"]) + " ms"
+                                       for b, v in per_b.items()))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from .backbone import as_backbone
+    from .calibrate import Round, fit
+    from .config import DecodingConfig
+    from .engine import Engine, SamplingSettings
+
+    tokenizer, model = load(args.model, "fp32", args.device)
+    block = max(args.block_sizes)
+    rounds: list[Round] = []
+    sets = _prompt_sets(args.prompts, args.num_prompts)
+    eos = model.generation_config.eos_token_id
+    for name, prompts in sets.items():
+        for i in tqdm(range(0, len(prompts), args.batch), desc=f"calibrate {name}"):
+            enc = tokenizer(prompts[i:i + args.batch], return_tensors="pt", padding=True)
+            engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block),
+                            SamplingSettings(max_new_tokens=args.max_new_tokens, eos_token_ids=[eos],
+                                             pad_token_id=tokenizer.pad_token_id))
+            engine._allocate(*enc["input_ids"].shape)
+            engine.stats.round_log = []
+            pads = (enc["attention_mask"] == 0).long().sum(1)
+            engine._admit(torch.arange(enc["input_ids"].shape[0]), enc["input_ids"], pads)
+            t = {}
+            while engine._step():
+                pass
+            for row, _, accepted, _, entropy in engine.stats.round_log:
+                t[row] = t.get(row, -1) + 1
+                rounds.append(Round(name, i + row, t[row], entropy, accepted))
+    table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins)
+    table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts,
+                            "max_new_tokens": args.max_new_tokens}
+    out = Path(args.out) if args.out else Path(args.model or BUNDLED_MODEL) / "value_table.json"
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    rep = table["report"]
+    print("held-out (out-of-fold) prediction of progress per round:")
+    for b in args.block_sizes:
+        print(f"  B={b}: RMSE {rep['rmse'][str(b)]:.2f} vs {rep['rmse_constant'][str(b)]:.2f} for a constant "
+              f"(R^2 {rep['r2_vs_constant'][str(b)]:.2f}); mean progress {table['mean'][str(b)]:.2f}")
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from tqdm import tqdm
+
+    from .bench import METHODS, bench, environment, markdown_table, write_outputs
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+    from prompts import load_mixed
+
+    if args.quick:
+        args.concurrency, args.max_new_tokens, args.repeats = [1, 4], 32, 1
+        args.prompts_per_slot, args.min_prompts = 1, 4
+    tokenizer, model = load(args.model, "fp32", args.device)
+    methods = args.methods or list(METHODS)
+    n = max(max(args.concurrency) * args.prompts_per_slot, args.min_prompts)
+    prompts = load_mixed((n + 1) // 2)
+    steps = args.repeats * sum(len([m for m in methods if not (m == "hf-lookup" and c != 1)])
+                               for c in args.concurrency)
+    with tqdm(total=steps, desc="bench") as bar:
+        result = bench(model, tokenizer, prompts, methods, args.concurrency, args.max_new_tokens, args.repeats,
+                       args.prompts_per_slot, args.min_prompts, bar)
+    result["environment"] = environment("recguide " + " ".join(sys.argv[1:]) if args.argv is None else args.argv)
+    files = write_outputs(result, Path(args.out))
+    print(markdown_table(result))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recguide", description="RecGuide self-speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,6 +187,42 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="cpu")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     g.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("profile", help="measure draft/verify forward costs T_C(B) on this machine")
+    p.add_argument("--model", default=None)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--prefix-len", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dtype", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="default: MODEL/cost_table.json")
+    p.set_defaults(func=cmd_profile)
+
+    c = sub.add_parser("calibrate", help="fit the value table V_B(s, z) of the adaptive block policy")
+    c.add_argument("--model", default=None)
+    c.add_argument("--prompts", nargs="+", default=["humaneval", "prose"])
+    c.add_argument("--num-prompts", type=int, default=48, help="per prompt set")
+    c.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 32])
+    c.add_argument("--max-new-tokens", type=int, default=128)
+    c.add_argument("--batch", type=int, default=16)
+    c.add_argument("--bins", type=int, default=6)
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--out", default=None, help="default: MODEL/value_table.json")
+    c.set_defaults(func=cmd_calibrate)
+
+    b = sub.add_parser("bench", help="the concurrency frontier: all methods, one run, interleaved")
+    b.add_argument("--model", default=None)
+    b.add_argument("--methods", nargs="+", default=None, help="default: all")
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--prompts-per-slot", type=int, default=2, help="closed loop over C x this many prompts")
+    b.add_argument("--min-prompts", type=int, default=8)
+    b.add_argument("--quick", action="store_true", help="C in {1, 4}, 32 new tokens, 1 repeat (a few minutes)")
+    b.add_argument("--out", default="eval/results")
+    b.add_argument("--device", default="cpu")
+    b.set_defaults(func=cmd_bench, argv=None)
     return parser
 
 

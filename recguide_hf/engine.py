@@ -147,6 +147,10 @@ class Engine:
         """Buffers for `num_rows` request slots whose (left-padded) prompts are at most `prompt_width` long."""
         device = self.backbone.device
         max_new = self.settings.max_new_tokens
+        limit = self.backbone.max_positions
+        if limit is not None and prompt_width + max_new > limit:
+            raise ValueError(f"prompt length {prompt_width} + max_new_tokens {max_new} exceeds the model's maximum "
+                             f"positions ({limit}); shorten the prompt or lower max_new_tokens")
         self.prompt_width = prompt_width
         # branch segments (3 x B), plus a copy of the verifier segment when they run on a second stream
         branch_width = 4 * self.config.max_block_size if self.config.branches_enabled else 0
@@ -333,10 +337,6 @@ class Engine:
         pads = self.pads[rows]
         mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=self.backbone.dtype, write_offset=write_offset)
         pos = positions(lengths, pads, offsets).clamp(min=0)
-        limit = self.backbone.max_positions
-        if limit is not None and int(lengths.max()) - int(pads.min()) + int(offsets.max()) >= limit:
-            raise ValueError(f"Sequence length exceeds the model's maximum positions ({limit}); shorten the "
-                             "prompt or lower max_new_tokens")
         return binding, mask, pos
 
     def _run(self, prepared, ids, draft_mask=None, logits_to_keep=0):

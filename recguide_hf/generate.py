@@ -17,6 +17,7 @@ from transformers import (
     GenerationMixin,
     LogitsProcessorList,
     StoppingCriteriaList,
+    StopStringCriteria,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -54,7 +55,25 @@ def generate(*args, **kwargs):
     if config.mode == "ar":
         return GenerationMixin.generate(model, *args, **kwargs)
     _check_supported(gen_config, kwargs)
+    _move_stop_strings(gen_config, kwargs)
     return GenerationMixin.generate(model, *args, custom_generate=_decode, recguide_config=config, **kwargs)
+
+
+def _move_stop_strings(gen_config, kwargs):
+    """HF drops the `tokenizer` argument on the way to a custom decoding callable, so stop strings would fail
+    there; build their criterion here and hand it over with the other stopping criteria instead."""
+    stop_strings = kwargs.pop("stop_strings", None) or getattr(gen_config, "stop_strings", None)
+    if not stop_strings:
+        return
+    tokenizer = kwargs.get("tokenizer")
+    if tokenizer is None:
+        raise ValueError("stop_strings need the model's tokenizer: pass tokenizer= to generate")
+    criterion = StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)
+    kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), criterion])
+    if getattr(gen_config, "stop_strings", None):
+        gen_config = copy.deepcopy(gen_config)
+        gen_config.stop_strings = None
+        kwargs["generation_config"] = gen_config
 
 
 def _check_supported(gen_config, kwargs):

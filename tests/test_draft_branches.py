@@ -100,11 +100,11 @@ def test_segment_mask_matches_brute_force():
     offsets = torch.arange(q)[None]
     intra = causal_intra(1, q)
     ids2, off2, intra2, dmask = br.append_segments(plan, ids, offsets, intra, torch.zeros(1, q, dtype=torch.bool))
-    segments = [(int(plan.kind[0, j]), int(plan.start[0, j]), int(plan.prefix[0, j])) for j in range(2)]
+    segments = [(int(plan.kind[0, j]), int(plan.prefix[0, j])) for j in range(2)]
     total = q + 2 * 4
     expect = torch.zeros(total, total, dtype=torch.bool)
     expect[:q, :q] = torch.ones(q, q, dtype=torch.bool).tril()
-    for j, (_, start, prefix) in enumerate(segments):
+    for j, (_, prefix) in enumerate(segments):
         lo = q + j * 4
         for a in range(lo, lo + 4):
             for c in range(prefix):

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from conftest import EOS, MASK, left_pad, random_prompts, tiny_model
+from mock_backbone import MockBackbone
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 import recguide_hf
-from conftest import EOS, MASK, left_pad, random_prompts, tiny_model
-from mock_backbone import MockBackbone
 from recguide_hf.config import DecodingConfig
 from recguide_hf.engine import Engine, SamplingSettings
 

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from conftest import left_pad, random_prompts, tiny_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import recguide_hf
-from conftest import left_pad, random_prompts, tiny_model
 from recguide_hf.export import save_model_folder
 from recguide_hf.hf_assist import EntropyRecorder, assisted_generate
 

@@ -4,9 +4,9 @@ import os
 
 import pytest
 import torch
+from conftest import MASK, tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from conftest import MASK, tiny_model
 from recguide_hf.cache import RowCache
 from recguide_hf.export import save_model_folder
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-
 from mock_backbone import MockBackbone
+
 from recguide_hf.calibrate import Round, ValueTable, fit
 from recguide_hf.config import DecodingConfig
 from recguide_hf.engine import Engine, SamplingSettings, verifier_entropy

@@ -1,0 +1,255 @@
+"""`recguide bench`: the concurrency frontier, measured with every method in the same run.
+
+Methods: `ar` (plain HF greedy `generate`, static batches of C), `hf-lookup` (HF assisted generation with
+prompt lookup; batch 1, so C = 1 only), `linear-8/16/32` (LinearSS, fixed B) and `recguide` (auto block
+size, branches by the cost rule). Engine methods run closed loop: C slots, a finished request's slot
+takes the next prompt. Methods are interleaved inside every (repeat, C) and their order rotates between
+repeats, so machine drift hits all alike; figures are medians over repeats. Every method's greedy output
+is compared token for token with `ar` at C = 1 (batch 1, fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .backbone import as_backbone
+from .config import DecodingConfig
+from .engine import Engine, SamplingSettings
+
+METHODS = ("ar", "hf-lookup", "linear-8", "linear-16", "linear-32", "recguide")
+
+
+def _engine_config(method: str, gen_config) -> DecodingConfig:
+    if method.startswith("linear-"):
+        return DecodingConfig(mode="linear", block_size=int(method.split("-")[1]))
+    base = DecodingConfig.from_sources(gen_config)
+    return DecodingConfig(mode="recguide", block_size="auto", block_sizes=base.block_sizes,
+                          cost_table=base.cost_table, value_table=base.value_table, rho=base.rho)
+
+
+def _strip(ids: list[int], pad: int, eos: list[int]) -> list[int]:
+    """New tokens up to and including the first EOS."""
+    out = []
+    for t in ids:
+        out.append(t)
+        if t in eos:
+            break
+    while out and out[-1] == pad and pad not in eos:
+        out.pop()
+    return out
+
+
+def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, lookup: bool) -> dict:
+    """Plain HF generate (or prompt lookup) in static batches of c; per-request latency = its batch's time."""
+    pad = tokenizer.pad_token_id
+    eos = [model.generation_config.eos_token_id]
+    records = []
+    start = time.perf_counter()
+    for i in range(0, len(prompts), c):
+        enc = tokenizer(prompts[i:i + c], return_tensors="pt", padding=True)
+        t0 = time.perf_counter()
+        kw = dict(prompt_lookup_num_tokens=10) if lookup else {}
+        out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, recguide_mode="ar", **kw)
+        lat = time.perf_counter() - t0
+        for row in out[:, enc["input_ids"].shape[1]:].tolist():
+            ids = _strip(row, pad, eos)
+            records.append({"new_ids": ids, "new_tokens": len(ids), "latency": lat})
+    return {"records": records, "wall": time.perf_counter() - start, "engine_stats": None}
+
+
+def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str) -> dict:
+    gen_config = model.generation_config
+    config = _engine_config(method, gen_config)
+    eos = gen_config.eos_token_id
+    settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
+                                pad_token_id=tokenizer.pad_token_id)
+    engine = Engine(as_backbone(model), config, settings, base_dir=getattr(model.config, "_name_or_path", None))
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    start = time.perf_counter()
+    records = engine.serve(ids, slots=c)
+    wall = time.perf_counter() - start
+    return {"records": records, "wall": wall,
+            "engine_stats": {"forwards": engine.stats.total_forwards, "query_tokens": engine.stats.total_query_tokens}}
+
+
+def summarize(run: dict, reference: dict[int, list[int]] | None) -> dict:
+    recs = run["records"]
+    tokens = sum(r["new_tokens"] for r in recs)
+    out = {
+        "aggregate_tps": tokens / run["wall"],
+        "per_request_tps": statistics.mean(r["new_tokens"] / r["latency"] for r in recs if r["latency"] > 0),
+        "new_tokens": tokens, "wall_s": run["wall"], "num_requests": len(recs),
+    }
+    if "forwards" in recs[0]:
+        fwd = sum(r["forwards"] for r in recs)
+        rounds = sum(r["rounds"] for r in recs)
+        out.update(tpf=tokens / fwd if fwd else 0.0, tau=tokens / rounds if rounds else 0.0,
+                   request_forwards=fwd, rounds=rounds, **(run["engine_stats"] or {}))
+        mix: dict[int, int] = {}
+        hits = {"correction_1": 0, "correction_2": 0, "continuation": 0}
+        branch_rounds = 0
+        for r in recs:
+            for b, n in r["block_sizes"].items():
+                mix[int(b)] = mix.get(int(b), 0) + n
+            for k in hits:
+                hits[k] += r["hits"][k]
+            branch_rounds += r["branch_rounds"]
+        total = sum(mix.values())
+        out["block_mix"] = {str(b): n / total for b, n in sorted(mix.items())}
+        out["hit_rates"] = {k: v / rounds for k, v in hits.items()} if rounds else {}
+        out["coverage"] = sum(hits.values()) / rounds if rounds else 0.0
+        out["branch_round_share"] = branch_rounds / rounds if rounds else 0.0
+    if reference is not None:
+        out["equal_to_ar"] = all(r["new_ids"] == reference[i] for i, r in enumerate(recs))
+    return out
+
+
+def environment(command: str) -> dict:
+    import transformers
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    hardware = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu}"
+    return {"hardware": hardware, "threads": torch.get_num_threads(), "python": sys.version.split()[0],
+            "torch": torch.__version__, "transformers": transformers.__version__, "git_commit": commit,
+            "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(1, 2, 4, 8, 16, 32, 64),
+          max_new_tokens: int = 128, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 8,
+          progress=None) -> dict:
+    """Run every (repeat, C, method), interleaved; return per (method, C) medians and the raw runs."""
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    raw: dict[tuple[str, int], list[dict]] = {}
+    reference: dict[int, list[int]] = {}
+    n_max = min(len(prompts), max(max(concurrencies) * prompts_per_slot, min_prompts))
+    # reference outputs: plain HF greedy at batch 1 (untimed), one per prompt
+    for i, p in enumerate(prompts[:n_max]):
+        ref = run_hf(model, tokenizer, [p], 1, max_new_tokens, lookup=False)
+        reference[i] = ref["records"][0]["new_ids"]
+        if progress is not None:
+            progress.set_description("reference outputs")
+    for rep in range(repeats):
+        for c in concurrencies:
+            n = min(len(prompts), max(c * prompts_per_slot, min_prompts))
+            order = [m for m in methods if not (m == "hf-lookup" and c != 1)]
+            order = order[rep % len(order):] + order[:rep % len(order)]
+            for m in order:
+                if progress is not None:
+                    progress.set_description(f"repeat {rep + 1}/{repeats} C={c} {m}")
+                if m in ("ar", "hf-lookup"):
+                    run = run_hf(model, tokenizer, prompts[:n], c, max_new_tokens, lookup=m == "hf-lookup")
+                else:
+                    run = run_engine(model, tokenizer, prompts[:n], c, max_new_tokens, m)
+                raw.setdefault((m, c), []).append(summarize(run, reference))
+                if progress is not None:
+                    progress.update(1)
+    rows = []
+    for (m, c), runs in raw.items():
+        row = {"method": m, "concurrency": c}
+        for key in ("aggregate_tps", "per_request_tps", "wall_s"):
+            row[key] = statistics.median(r[key] for r in runs)
+        last = runs[-1]
+        for key, value in last.items():
+            if key not in row:
+                row[key] = value
+        row["equal_to_ar"] = all(r.get("equal_to_ar", True) for r in runs)
+        rows.append(row)
+    rows.sort(key=lambda r: (METHODS.index(r["method"]), r["concurrency"]))
+    return {"rows": rows, "settings": {"methods": list(methods), "concurrencies": list(concurrencies),
+                                       "max_new_tokens": max_new_tokens, "repeats": repeats,
+                                       "num_prompts": n_max}}
+
+
+def markdown_table(result: dict) -> str:
+    lines = ["| method | C | aggregate tok/s | per-request tok/s | TPF | tau | block mix | coverage | = AR |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        mix = ", ".join(f"{b}:{v:.0%}" for b, v in r.get("block_mix", {}).items()) or "-"
+        tpf = f"{r['tpf']:.2f}" if "tpf" in r else "-"
+        tau = f"{r['tau']:.2f}" if "tau" in r else "-"
+        cov = f"{r['coverage']:.0%}" if "coverage" in r else "-"
+        lines.append(f"| {r['method']} | {r['concurrency']} | {r['aggregate_tps']:.1f} | {r['per_request_tps']:.1f} "
+                     f"| {tpf} | {tau} | {mix} | {cov} | {'yes' if r['equal_to_ar'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    env = result.get("environment", {})
+    footer = f"{env.get('hardware', '')} | torch {env.get('torch', '')} | commit {env.get('git_commit', '')}"
+    by_method: dict[str, list[dict]] = {}
+    for r in result["rows"]:
+        by_method.setdefault(r["method"], []).append(r)
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    for m, rs in by_method.items():
+        rs = sorted(rs, key=lambda r: r["concurrency"])
+        xs, ys = [r["per_request_tps"] for r in rs], [r["aggregate_tps"] for r in rs]
+        ax.plot(xs, ys, marker="o", label=m)
+        for r, x, y in zip(rs, xs, ys):
+            ax.annotate(f"C={r['concurrency']}", (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    ax.set_xlabel("per-request tokens/s")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title("Concurrency frontier (greedy, closed loop)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.text(0.01, 0.005, footer, fontsize=6)
+    frontier = out_dir / "frontier.png"
+    fig.savefig(frontier, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+
+    engine_methods = [m for m in by_method if "tpf" in by_method[m][0]]
+    cs = sorted({r["concurrency"] for r in result["rows"]})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.8 / max(len(engine_methods), 1)
+    for k, m in enumerate(engine_methods):
+        rs = {r["concurrency"]: r for r in by_method[m]}
+        xs = [i + k * width for i in range(len(cs))]
+        axes[0].bar(xs, [rs[c]["tpf"] if c in rs else 0 for c in cs], width, label=m)
+        axes[1].bar(xs, [rs[c]["tau"] if c in rs else 0 for c in cs], width, label=m)
+    for ax, name in zip(axes, ("TPF (tokens per forward)", "tau (tokens per round)")):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cs))], [f"C={c}" for c in cs])
+        ax.set_title(name)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    fig.text(0.01, 0.005, footer, fontsize=6)
+    tpf = out_dir / "tpf_tau.png"
+    fig.savefig(tpf, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return [frontier, tpf]
+
+
+def write_outputs(result: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
+    env = result["environment"]
+    md = [f"Command: `{env['command']}`", "",
+          f"Hardware: {env['hardware']} ({env['threads']} threads); torch {env['torch']}, transformers "
+          f"{env['transformers']}; commit {env['git_commit']}; {env['date']}", "", markdown_table(result), ""]
+    (out_dir / "bench.md").write_text("\n".join(md))
+    return [out_dir / "bench.json", out_dir / "bench.md", *plot(result, out_dir)]
