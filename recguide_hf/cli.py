@@ -162,7 +162,7 @@ def cmd_bench(args) -> int:
     with tqdm(total=steps, desc="bench") as bar:
         result = bench(model, tokenizer, prompts, methods, args.concurrency, args.max_new_tokens, args.repeats,
                        args.prompts_per_slot, args.min_prompts, bar)
-    result["environment"] = environment("recguide " + " ".join(sys.argv[1:]) if args.argv is None else args.argv)
+    result["environment"] = environment(args.command_line)
     files = write_outputs(result, Path(args.out))
     print(markdown_table(result))
     print("wrote " + ", ".join(str(f) for f in files))
@@ -222,12 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="C in {1, 4}, 32 new tokens, 1 repeat (a few minutes)")
     b.add_argument("--out", default="eval/results")
     b.add_argument("--device", default="cpu")
-    b.set_defaults(func=cmd_bench, argv=None)
+    b.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = "recguide " + " ".join(sys.argv[1:] if argv is None else argv)
     return args.func(args)
 
 
