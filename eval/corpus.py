@@ -120,7 +120,11 @@ def save_hf_tokenizer(tok, directory: Path, model_max_length: int = 2048):
 
 
 def export_eval_prompts(out: Path, n: int = 64, seed: int = 0):
-    """Held-out prompts for benchmarks and lm-eval tasks, committed under eval/data/ (small)."""
+    """Held-out prompts for benchmarks and lm-eval tasks, committed under eval/data/ (small).
+
+    Each held-out file is cut into consecutive 20-line windows (the 21st line is the target); up to 4n
+    windows per corpus are kept, in a seeded shuffle.
+    """
     import random
 
     rng = random.Random(seed)
@@ -129,16 +133,11 @@ def export_eval_prompts(out: Path, n: int = 64, seed: int = 0):
         docs = [json.loads(line)["text"] for line in open(out / f"{corpus}_heldout.jsonl")]
         rows = []
         for doc in docs:
-            lines = [ln for ln in doc.splitlines(keepends=True)]
-            for _ in range(8):
-                if len(lines) < 30:
-                    break
-                start = rng.randrange(0, len(lines) - 25)
-                chunk = lines[start:start + 20]
-                target = lines[start + 20]
-                if not "".join(chunk).strip() or not target.strip():
-                    continue
-                rows.append({"prompt": "".join(chunk), "target": target.rstrip("\n")})
+            lines = doc.splitlines(keepends=True)
+            for start in range(0, len(lines) - 21, 21):
+                chunk, target = lines[start:start + 20], lines[start + 20]
+                if "".join(chunk).strip() and target.strip():
+                    rows.append({"prompt": "".join(chunk), "target": target.rstrip("\n")})
         rng.shuffle(rows)
         with open(EVAL_DATA / f"heldout_{corpus}.jsonl", "w") as f:
             for row in rows[:n * 4]:

@@ -41,7 +41,7 @@ def default_generation_config(config, **recguide_settings) -> GenerationConfig:
     settings.update(recguide_settings)
     return GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
-        suppress_tokens=[config.mask_token_id], max_new_tokens=128, do_sample=False, **settings,
+        suppress_tokens=[config.mask_token_id], do_sample=False, **settings,
     )
 
 
