@@ -121,10 +121,12 @@ def cmd_calibrate(args) -> int:
             engine._allocate(*enc["input_ids"].shape)
             engine.stats.round_log = []
             pads = (enc["attention_mask"] == 0).long().sum(1)
-            engine._admit(torch.arange(enc["input_ids"].shape[0]), enc["input_ids"], pads)
+            with torch.no_grad():
+                engine._admit(torch.arange(enc["input_ids"].shape[0]), enc["input_ids"], pads)
             t = {}
-            while engine._step():
-                pass
+            with torch.no_grad():  # _step is below the engine's no_grad entry points
+                while engine._step():
+                    pass
             for row, _, accepted, _, entropy in engine.stats.round_log:
                 t[row] = t.get(row, -1) + 1
                 rounds.append(Round(name, i + row, t[row], entropy, accepted))
