@@ -48,12 +48,12 @@ def main():
     if (res / "bench.md").exists():
         lines += ["The concurrency frontier of the bundled model on this project's 2-core CPU: every method in one "
                   "run, closed loop, greedy (per-request vs aggregate tokens/s, points labelled by concurrency C). "
-                  "Regenerate with `recguide bench` (add `--quick` for a 3-minute smoke run).", "",
+                  "Regenerate with `recguide bench` (add `--quick` for a 3-minute smoke run). These timings come "
+                  "from a shared 2-core machine: compare ratios within one table, not across runs.", "",
                   "![frontier](eval/results/frontier.png)", "", (res / "bench.md").read_text().strip(), "",
                   "![TPF and tau](eval/results/tpf_tau.png)", ""]
     if (res / "engine.json").exists():
-        lines += engine_section(res / "engine.json") + ["", "Regenerate with `python eval/measure_engine.py "
-                                                        "--prompts 16 --out eval/results/engine.json`.", ""]
+        lines += engine_section(res / "engine.json") + ["", "Regenerate with the command above.", ""]
     card = ROOT / "model_cards" / "recguide-tiny" / "eval_results.json"
     if card.exists():
         r = json.loads(card.read_text())
