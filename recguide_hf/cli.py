@@ -99,7 +99,6 @@ def cmd_profile(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    import torch
     from tqdm import tqdm
 
     from .backbone import as_backbone
@@ -118,16 +117,9 @@ def cmd_calibrate(args) -> int:
             engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block),
                             SamplingSettings(max_new_tokens=args.max_new_tokens, eos_token_ids=[eos],
                                              pad_token_id=tokenizer.pad_token_id))
-            engine._allocate(*enc["input_ids"].shape)
-            engine.stats.round_log = []
-            pads = (enc["attention_mask"] == 0).long().sum(1)
-            with torch.no_grad():
-                engine._admit(torch.arange(enc["input_ids"].shape[0]), enc["input_ids"], pads)
+            _, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
             t = {}
-            with torch.no_grad():  # _step is below the engine's no_grad entry points
-                while engine._step():
-                    pass
-            for row, _, accepted, _, entropy in engine.stats.round_log:
+            for row, _, accepted, _, entropy in stats.round_log:
                 t[row] = t.get(row, -1) + 1
                 rounds.append(Round(name, i + row, t[row], entropy, accepted))
     table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins)

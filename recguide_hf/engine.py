@@ -77,11 +77,12 @@ class Engine:
 
     # ------------------------------------------------------------------ public entries
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, log_rounds: bool = False):
         """Decode one static batch. Returns (sequences [N, W + max new], Stats).
 
         Args:
             input_ids: [N, W] left-padded prompts; attention_mask: [N, W] (None = no padding).
+            log_rounds: keep `stats.round_log` (row, block, accepted, drafts, entropy) per round (calibration).
         """
         device = self.backbone.device
         input_ids = input_ids.to(device)
@@ -89,6 +90,8 @@ class Engine:
             attention_mask = torch.ones_like(input_ids)
         pads = (attention_mask.to(device) == 0).long().cumprod(dim=1).sum(dim=1)  # left padding per row
         self._allocate(*input_ids.shape)
+        if log_rounds:
+            self.stats.round_log = []
         self._admit(torch.arange(input_ids.shape[0], device=device), input_ids, pads)
         while self._step():
             pass
