@@ -2,6 +2,8 @@
 
     python eval/train.py --phase ar --minutes 30 --run runs/ar
     python eval/train.py --phase joint --minutes 65 --init runs/ar/final --run runs/joint
+    python eval/teacher_data.py --teacher runs/joint/final --minutes 9 --out data/distill/teacher.npz
+    python eval/train.py --phase distill --minutes 35 --init runs/joint/final --run runs/distill --lr 5e-4
     python eval/export_model.py runs/joint/final model_cards/recguide-tiny
 
 Budgets are wall-clock minutes (the learning-rate schedule follows elapsed time), checkpoints are written
@@ -13,6 +15,10 @@ a second pass over K draft blocks `[x_t, MASK x (B-1)]` (a quarter of them `[MAS
 shape) attends to the clean keys before t and bidirectionally to its own block; a MASK position is trained
 to predict the token AT its position, weighted 1/sqrt(i) towards the block start (acceptance is a prefix).
 The clean keys are computed once on the fast causal path instead of in a doubled [clean | noisy] sequence.
+
+Distillation (`--phase distill`, DESIGN 5): the drafter learns the FROZEN teacher's greedy continuations
+(what acceptance measures), cut before loops by eval/teacher_data.py; draft blocks are anchored inside the
+continuation and the AR loss is held on the real-text prompt of each row.
 """
 
 from __future__ import annotations
@@ -76,22 +82,45 @@ class Batches:
         return torch.from_numpy(np.stack(rows).astype(np.int64))  # [N, L+1]
 
 
-def draft_blocks(x: torch.Tensor, block_size: int, num_blocks: int, mask_id: int, gen: torch.Generator):
+class TeacherBatches:
+    """Rows of frozen-teacher data (eval/teacher_data.py): real-text prompt + the teacher's greedy continuation."""
+
+    def __init__(self, path: Path, batch_size: int, seed: int):
+        blob = np.load(path)
+        self.tokens = torch.from_numpy(blob["tokens"].astype(np.int64))
+        self.valid = torch.from_numpy(blob["valid"].astype(np.int64))
+        self.prompt_len = int(blob["prompt_len"])
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(seed)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.rng.integers(0, len(self.tokens), size=self.batch_size))
+        return self.tokens[idx], self.valid[idx]
+
+
+def draft_blocks(x: torch.Tensor, block_size: int, num_blocks: int, mask_id: int, gen: torch.Generator,
+                 lo: int = 1, valid: torch.Tensor | None = None):
     """Sample draft blocks over clean sequences x [N, L].
 
-    Returns block input ids, position ids, targets (-100 where not trained), per-position loss weights
-    (all [N, K*B]) and the boolean attention pattern [N, 1, K*B, L + K*B].
+    Anchors t lie in [lo, L - B] (or, with `valid` [N], in [lo, valid - 2] with targets at or past `valid`
+    not trained). Returns block input ids, position ids, targets (-100 where not trained), per-position loss
+    weights (all [N, K*B]) and the boolean attention pattern [N, 1, K*B, L + K*B].
     """
     n, length = x.shape
     k, b = num_blocks, block_size
-    # anchors t in [1, L - B]; the block covers positions t .. t+B-1
-    starts = torch.stack([torch.randperm(length - b, generator=gen)[:k] + 1 for _ in range(n)])  # [N, K]
     offs = torch.arange(b)
+    if valid is None:  # anchors t in [lo, L - B]; the block covers positions t .. t+B-1
+        starts = torch.stack([torch.randperm(length - b - lo + 1, generator=gen)[:k] + lo for _ in range(n)])
+        limit = torch.full((n,), length)
+    else:
+        span = (valid - 1 - lo).clamp(min=1)
+        starts = lo + (torch.rand(n, k, generator=gen) * span[:, None]).long()  # [N, K]
+        limit = valid
     pos = starts[:, :, None] + offs  # [N, K, B]
-    targets = torch.gather(x, 1, pos.view(n, -1)).view(n, k, b)
+    targets = torch.gather(x, 1, pos.clamp(max=length - 1).view(n, -1)).view(n, k, b)
     no_seed = torch.rand(n, k, 1, generator=gen) < 0.25  # continuation-shaped blocks: [MASK x B]
-    masked = (offs > 0) | no_seed  # [N, K, B]
-    inputs = torch.where(masked, torch.full_like(targets, mask_id), targets)
+    masked = ((offs > 0) | no_seed) & (pos < limit[:, None, None])  # [N, K, B]
+    inputs = torch.where((offs > 0) | no_seed, torch.full_like(targets, mask_id), targets)
     labels = torch.where(masked, targets, torch.full_like(targets, -100))
     weights = (1.0 / torch.sqrt(offs.clamp(min=1).float())).expand(n, k, b) * masked
     # attention: clean keys j < t, plus own block (bidirectional)
@@ -105,6 +134,8 @@ def draft_blocks(x: torch.Tensor, block_size: int, num_blocks: int, mask_id: int
 
 
 def losses(model, x: torch.Tensor, phase: str, args, gen: torch.Generator, dtype) -> dict[str, torch.Tensor]:
+    if phase == "distill":  # x = (teacher rows, valid lengths)
+        return distill_losses(model, *x, args, gen, dtype)
     inputs, targets = x[:, :-1], x[:, 1:]
     if phase == "ar":
         logits = model(input_ids=inputs).logits
@@ -121,6 +152,24 @@ def losses(model, x: torch.Tensor, phase: str, args, gen: torch.Generator, dtype
     ce = F.cross_entropy(dlogits.flatten(0, 1).float(), labels.to(x.device).flatten(), reduction="none")
     w = weights.to(x.device).flatten()
     out["diff"] = (ce * w).sum() / w.sum()
+    return out
+
+
+def distill_losses(model, x, valid, args, gen, dtype) -> dict[str, torch.Tensor]:
+    """AR loss on the real-text prompt only (held), diffusion loss on blocks inside the teacher's continuation."""
+    p = args.prompt_len
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=x, cache=cache, use_cache=True).logits
+    out = {"ar": F.cross_entropy(logits[:, :p - 1].flatten(0, 1).float(), x[:, 1:p].flatten())}
+    b = random.choice(args.block_sizes)
+    k = max(1, args.draft_tokens // b)
+    ids, pos, labels, weights, allowed = draft_blocks(x, b, k, model.config.mask_token_id, gen, lo=p, valid=valid)
+    mask = additive_mask(allowed.to(x.device), dtype=dtype)
+    dlogits = model(input_ids=ids.to(x.device), position_ids=pos.to(x.device), attention_mask=mask,
+                    cache=cache, use_cache=True).logits
+    ce = F.cross_entropy(dlogits.flatten(0, 1).float(), labels.to(x.device).flatten(), reduction="none")
+    w = weights.to(x.device).flatten()
+    out["diff"] = (ce * w).sum() / w.sum().clamp(min=1e-6)
     return out
 
 
@@ -181,7 +230,11 @@ def train(args):
         state = blob["state"]
         torch.set_rng_state(blob["rng"])
         random.setstate(blob["py_rng"])
-    batches = Batches(train_tokens, args.seq_len, args.batch_size, args.seed + state["step"])
+    if args.phase == "distill":
+        batches = TeacherBatches(args.teacher_data, args.batch_size, args.seed + state["step"])
+        args.prompt_len = batches.prompt_len
+    else:
+        batches = Batches(train_tokens, args.seq_len, args.batch_size, args.seed + state["step"])
     gen = torch.Generator().manual_seed(args.seed + state["step"])
     budget = args.minutes * 60
     print(f"{num_params / 1e6:.2f}M parameters, phase {args.phase}, budget {args.minutes} min", flush=True)
@@ -194,7 +247,8 @@ def train(args):
         lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for group in opt.param_groups:
             group["lr"] = lr
-        x = batches.next().to(device)
+        x = batches.next()
+        x = tuple(t.to(device) for t in x) if isinstance(x, tuple) else x.to(device)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             parts = losses(model, x, args.phase, args, gen, dtype)
         loss = parts["ar"] + args.diff_weight * parts.get("diff", 0.0)
@@ -203,7 +257,7 @@ def train(args):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         state["step"] += 1
-        state["tokens"] += x.numel()
+        state["tokens"] += x[0].numel() if isinstance(x, tuple) else x.numel()
         now = time.time()
         state["elapsed"] = now - t0
         bar.update(int(state["elapsed"]) - bar.n)
@@ -232,7 +286,9 @@ def train(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--phase", choices=["ar", "joint"], default="ar")
+    p.add_argument("--phase", choices=["ar", "joint", "distill"], default="ar")
+    p.add_argument("--teacher-data", type=Path, default=Path("data/distill/teacher.npz"),
+                   help="frozen-teacher continuations for --phase distill (eval/teacher_data.py)")
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--run", type=Path, default=Path("runs/ar"))
     p.add_argument("--init", type=Path, default=None, help="start from this saved model folder")

@@ -10,6 +10,7 @@ is compared token for token with `ar` at C = 1 (batch 1, fp32).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import statistics
@@ -27,12 +28,35 @@ from .engine import Engine, SamplingSettings
 METHODS = ("ar", "hf-lookup", "linear-8", "linear-16", "linear-32", "recguide")
 
 
+def parse_method(method: str) -> tuple[str, dict[str, str]]:
+    """`"recguide:rho=0,overlap=off"` -> ("recguide", {"recguide_rho": "0", "recguide_overlap": "off"}).
+
+    Only `recguide` takes overrides (any `recguide_*` setting without its prefix); they make ablations such as
+    the rho sweep of the adaptive policy one bench run with every variant interleaved.
+    """
+    base, _, rest = method.partition(":")
+    if base not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS} (recguide also as recguide:key=value,...)")
+    overrides = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or base != "recguide":
+            raise ValueError(f"bad method {method!r}: only recguide takes overrides, as recguide:key=value,...")
+        overrides[f"recguide_{key.strip()}"] = value.strip()
+    return base, overrides
+
+
 def _engine_config(method: str, gen_config) -> DecodingConfig:
-    if method.startswith("linear-"):
-        return DecodingConfig(mode="linear", block_size=int(method.split("-")[1]))
+    base_name, overrides = parse_method(method)
+    if base_name.startswith("linear-"):
+        return DecodingConfig(mode="linear", block_size=int(base_name.split("-")[1]))
     base = DecodingConfig.from_sources(gen_config)
-    return DecodingConfig(mode="recguide", block_size="auto", block_sizes=base.block_sizes,
-                          cost_table=base.cost_table, value_table=base.value_table, rho=base.rho)
+    config = DecodingConfig(mode="recguide", block_size="auto", block_sizes=base.block_sizes,
+                            cost_table=base.cost_table, value_table=base.value_table, rho=base.rho)
+    if not overrides:
+        return config
+    settings = {f"recguide_{f.name}": getattr(config, f.name) for f in dataclasses.fields(config)}
+    return DecodingConfig.from_sources(None, **(settings | overrides))
 
 
 def _strip(ids: list[int], pad: int, eos: list[int]) -> list[int]:
@@ -138,9 +162,8 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
           max_new_tokens: int = 128, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 8,
           progress=None) -> dict:
     """Run every (repeat, C, method), interleaved; return per (method, C) medians and the raw runs."""
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    for m in methods:
+        parse_method(m)
     raw: dict[tuple[str, int], list[dict]] = {}
     reference: dict[int, list[int]] = {}
     n_max = min(len(prompts), max(max(concurrencies) * prompts_per_slot, min_prompts))
@@ -176,7 +199,7 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
                 row[key] = value
         row["equal_to_ar"] = all(r.get("equal_to_ar", True) for r in runs)
         rows.append(row)
-    rows.sort(key=lambda r: (METHODS.index(r["method"]), r["concurrency"]))
+    rows.sort(key=lambda r: (METHODS.index(parse_method(r["method"])[0]), r["method"], r["concurrency"]))
     return {"rows": rows, "settings": {"methods": list(methods), "concurrencies": list(concurrencies),
                                        "max_new_tokens": max_new_tokens, "repeats": repeats,
                                        "num_prompts": n_max}}
@@ -193,6 +216,33 @@ def markdown_table(result: dict) -> str:
         lines.append(f"| {r['method']} | {r['concurrency']} | {r['aggregate_tps']:.1f} | {r['per_request_tps']:.1f} "
                      f"| {tpf} | {tau} | {mix} | {cov} | {'yes' if r['equal_to_ar'] else 'NO'} |")
     return "\n".join(lines)
+
+
+def adaptive_table(result: dict, method: str = "recguide") -> tuple[str, float | None]:
+    """Per C: `method` vs the best fixed-block LinearSS (aggregate tokens/s), with its block mix.
+
+    Returns the Markdown table and the mean ratio over the concurrencies where both ran (None if none).
+    """
+    by = {(r["method"], r["concurrency"]): r for r in result["rows"]}
+    lines = [f"| C | best fixed LinearSS | its tok/s | {method} tok/s | ratio | {method} block mix (rounds) | = AR |",
+             "|---|---|---|---|---|---|---|"]
+    ratios = []
+    for c in sorted({c for _, c in by}):
+        fixed = [by[(m, c)] for m in ("linear-8", "linear-16", "linear-32") if (m, c) in by]
+        if not fixed or (method, c) not in by:
+            continue
+        best = max(fixed, key=lambda r: r["aggregate_tps"])
+        ours = by[(method, c)]
+        ratio = ours["aggregate_tps"] / best["aggregate_tps"]
+        ratios.append(ratio)
+        mix = ", ".join(f"B={b}: {v:.0%}" for b, v in ours.get("block_mix", {}).items())
+        eq = "yes" if ours["equal_to_ar"] and best["equal_to_ar"] else "NO"
+        lines.append(f"| {c} | {best['method']} | {best['aggregate_tps']:.1f} | {ours['aggregate_tps']:.1f} | "
+                     f"x{ratio:.2f} | {mix} | {eq} |")
+    mean = sum(ratios) / len(ratios) if ratios else None
+    if mean is not None:
+        lines.append(f"| mean | | | | x{mean:.2f} | | |")
+    return "\n".join(lines), mean
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
@@ -251,5 +301,8 @@ def write_outputs(result: dict, out_dir: Path) -> list[Path]:
     md = [f"Command: `{env['command']}`", "",
           f"Hardware: {env['hardware']} ({env['threads']} threads); torch {env['torch']}, transformers "
           f"{env['transformers']}; commit {env['git_commit']}; {env['date']}", "", markdown_table(result), ""]
+    table, mean = adaptive_table(result)
+    if mean is not None:
+        md += ["RecGuide (auto block size) against the best fixed-block LinearSS at each concurrency:", "", table, ""]
     (out_dir / "bench.md").write_text("\n".join(md))
     return [out_dir / "bench.json", out_dir / "bench.md", *plot(result, out_dir)]

@@ -26,3 +26,29 @@ def test_bench_quick(tmp_path, monkeypatch):
     env = result["environment"]
     assert env["git_commit"] and env["torch"] and "bench" in env["command"]
     assert os.path.getsize(tmp_path / "frontier.png") > 1000
+
+
+def test_method_overrides_and_adaptive_table():
+    from transformers import GenerationConfig
+
+    from recguide_hf.bench import _engine_config, adaptive_table, parse_method
+
+    assert parse_method("linear-8") == ("linear-8", {})
+    assert parse_method("recguide:rho=0,overlap=off") == ("recguide", {"recguide_rho": "0", "recguide_overlap": "off"})
+    for bad in ("linear-12", "linear-8:rho=1", "recguide:rho", "recguide:speed=9"):
+        with pytest.raises(ValueError):
+            _engine_config(bad, GenerationConfig())
+    gc = GenerationConfig(recguide_block_sizes=[8, 32], recguide_cost_table="c.json")
+    cfg = _engine_config("recguide:rho=0.5,max_corrections=1", gc)
+    assert (cfg.rho, cfg.max_corrections, cfg.block_sizes, cfg.cost_table) == (0.5, 1, (8, 32), "c.json")
+    assert cfg.block_size == "auto" and cfg.mode == "recguide"
+
+    def row(m, c, tps, eq=True):
+        return {"method": m, "concurrency": c, "aggregate_tps": tps, "equal_to_ar": eq, "block_mix": {"8": 1.0}}
+
+    result = {"rows": [row("linear-8", 2, 100), row("linear-16", 2, 120), row("recguide", 2, 150),
+                       row("linear-8", 4, 200), row("linear-32", 4, 100), row("recguide", 4, 180, eq=False),
+                       row("linear-8", 8, 300)]}  # C=8 has no recguide row: left out of the mean
+    table, mean = adaptive_table(result)
+    assert mean == pytest.approx((150 / 120 + 180 / 200) / 2)
+    assert "| 2 | linear-16 | 120.0 | 150.0 | x1.25 |" in table and "| NO |" in table and "| 8 |" not in table

@@ -1,0 +1,128 @@
+"""Greedy continuations of a FROZEN teacher for distilling the drafter (DESIGN 5).
+
+    python eval/teacher_data.py --teacher model_cards/recguide-tiny --minutes 8 --out data/distill/teacher.npz
+
+Prompts are random windows of the TRAINING split (never held-out text, never HumanEval). The teacher continues
+each one greedily (bf16 autocast by default, static KV cache, batched). Loops are cut, not learned: a
+continuation is cut where its first repeated 8-gram starts again, cut after an EOS, and then kept only when
+at least `--min-kept` tokens remain, their distinct 4-gram ratio reaches `--min-distinct` and they are not
+mostly newlines or whitespace. The file holds `tokens` [N, P + G] (padded with
+PAD after the cut), `prompt_len` P and `valid` [N] (prompt + kept continuation length), plus what was
+dropped and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoTokenizer, StaticCache
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from eval.train import load_tokens  # noqa: E402
+from recguide_hf.modeling import RecGuideForCausalLM  # noqa: E402
+
+
+def distinct_4(ids: list[int]) -> float:
+    grams = [tuple(ids[i:i + 4]) for i in range(len(ids) - 3)]
+    return len(set(grams)) / max(1, len(grams))
+
+
+def loop_start(ids: list[int], n: int = 8) -> int:
+    """Index where the first repeated n-gram of `ids` starts its second occurrence (len(ids) if none)."""
+    seen = set()
+    for i in range(len(ids) - n + 1):
+        gram = tuple(ids[i:i + n])
+        if gram in seen:
+            return i
+        seen.add(gram)
+    return len(ids)
+
+
+@torch.no_grad()
+def greedy(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Plain greedy decoding with a static cache (a growing DynamicCache copies itself every step)."""
+    length = prompts.shape[1]
+    cache = StaticCache(config=model.config, max_cache_len=length + new_tokens)
+    logits = model(input_ids=prompts, cache=cache, use_cache=True, cache_position=torch.arange(length)).logits[:, -1]
+    out = []
+    for i in range(new_tokens):
+        logits[:, model.config.mask_token_id] = float("-inf")
+        nxt = logits.argmax(-1, keepdim=True)
+        out.append(nxt)
+        logits = model(input_ids=nxt, cache=cache, use_cache=True,
+                       cache_position=torch.tensor([length + i])).logits[:, -1]
+    return torch.cat(out, dim=1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--teacher", type=Path, default=Path("model_cards/recguide-tiny"))
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--out", type=Path, default=Path("data/distill/teacher.npz"))
+    p.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget for generation")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--code-share", type=float, default=0.67)
+    p.add_argument("--min-distinct", type=float, default=0.6)
+    p.add_argument("--min-kept", type=int, default=16, help="drop continuations shorter than this after the cut")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.teacher)
+    model = RecGuideForCausalLM.from_pretrained(args.teacher, dtype=torch.float32).eval()
+    train = load_tokens(args.corpus, tok, "train")
+    rng = np.random.default_rng(args.seed)
+    newline_ids = {i for t, i in tok.get_vocab().items() if tok.convert_tokens_to_string([t]).strip() == ""}
+    kept, valid, dropped = [], [], {"loop": 0, "blank": 0}
+    total = 0
+    t0 = time.time()
+    bar = tqdm(total=int(args.minutes * 60), unit="s", desc="teacher", mininterval=5)
+    while time.time() - t0 < args.minutes * 60:
+        rows = []
+        for _ in range(args.batch_size):
+            arr = train["code" if rng.random() < args.code_share else "prose"]
+            s = rng.integers(0, len(arr) - args.prompt_len)
+            rows.append(arr[s:s + args.prompt_len])
+        prompts = torch.from_numpy(np.stack(rows).astype(np.int64))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            cont = greedy(model, prompts, args.new_tokens)
+        for prompt, c in zip(prompts.tolist(), cont.tolist()):
+            total += 1
+            if tok.eos_token_id in c:
+                c = c[:c.index(tok.eos_token_id) + 1]
+            c = c[:loop_start(c)]
+            if len(c) < args.min_kept or distinct_4(c) < args.min_distinct:
+                dropped["loop"] += 1
+                continue
+            if sum(t in newline_ids for t in c) > 0.5 * len(c):
+                dropped["blank"] += 1
+                continue
+            row = prompt + c + [tok.pad_token_id] * (args.new_tokens - len(c))
+            kept.append(row)
+            valid.append(args.prompt_len + len(c))
+        bar.update(int(time.time() - t0) - bar.n)
+        bar.set_postfix(kept=len(kept), seen=total)
+    bar.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(args.out, tokens=np.asarray(kept, dtype=np.int32), valid=np.asarray(valid, dtype=np.int32),
+             prompt_len=args.prompt_len)
+    info = {"teacher": str(args.teacher), "seen": total, "kept": len(kept), "dropped": dropped,
+            "kept_tokens": int(sum(v - args.prompt_len for v in valid)), "seconds": round(time.time() - t0, 1),
+            "args": {k: str(v) for k, v in vars(args).items()}}
+    args.out.with_suffix(".json").write_text(json.dumps(info, indent=1))
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Training-data helpers of eval/: draft blocks (the drafter's objective) and the teacher's loop cut."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from eval.teacher_data import distinct_4, loop_start  # noqa: E402
+from eval.train import draft_blocks  # noqa: E402
+
+MASK = 3
+
+
+def _check_blocks(x, b, k, lo, valid):
+    gen = torch.Generator().manual_seed(0)
+    ids, pos, labels, weights, allowed = draft_blocks(x, b, k, MASK, gen, lo=lo, valid=valid)
+    n, length = x.shape
+    assert ids.shape == pos.shape == labels.shape == weights.shape == (n, k * b)
+    assert allowed.shape == (n, 1, k * b, length + k * b)
+    for r in range(n):
+        limit = length if valid is None else int(valid[r])
+        for j in range(k):
+            sl = slice(j * b, (j + 1) * b)
+            p = pos[r, sl]
+            start = int(p[0])
+            assert lo <= start and torch.equal(p, torch.arange(start, start + b))
+            # seed kept at offset 0 unless the block is continuation-shaped; every other input is MASK
+            assert (ids[r, sl][1:] == MASK).all()
+            assert int(ids[r, sl][0]) in (MASK, int(x[r, start]))
+            for i in range(b):
+                trained = int(labels[r, j * b + i]) != -100
+                masked_in = int(ids[r, j * b + i]) == MASK
+                # a position is trained iff it is a MASK input whose target lies inside the valid span
+                assert trained == (masked_in and int(p[i]) < limit)
+                if trained:
+                    assert int(labels[r, j * b + i]) == int(x[r, p[i]])
+                    assert weights[r, j * b + i] > 0
+                else:
+                    assert weights[r, j * b + i] == 0
+            # attention: clean prefix strictly before the block start, and its own block only
+            rows = allowed[r, 0, sl]
+            assert rows[:, :start].all() and not rows[:, start:length].any()
+            own = torch.zeros(k * b, dtype=torch.bool)
+            own[sl] = True
+            assert torch.equal(rows[:, length:], own.expand(b, -1))
+
+
+def test_draft_blocks_plain_sequences():
+    x = torch.randint(10, 100, (3, 64))
+    _check_blocks(x, 8, 4, 1, None)
+
+
+def test_draft_blocks_inside_teacher_continuations():
+    x = torch.randint(10, 100, (4, 96))
+    valid = torch.tensor([40, 50, 96, 34])
+    _check_blocks(x, 16, 5, 32, valid)
+
+
+def test_loop_cut_and_distinct_ratio():
+    text = list(range(20)) + [7, 8, 9, 10, 11, 12, 13, 14, 50]  # 7..14 (an 8-gram) repeats at index 20
+    assert loop_start(text) == 20
+    assert loop_start(list(range(30))) == 30
+    assert distinct_4([1, 2, 3, 4] * 5) == 4 / 17
+    assert distinct_4(list(range(10))) == 1.0
