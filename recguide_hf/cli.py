@@ -14,8 +14,11 @@ from pathlib import Path
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "model_cards" / "recguide-tiny"
 
 
-def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu"):
-    """Tokenizer and model from a folder (default: the bundled recguide-tiny), offline, trust_remote_code."""
+def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu", adapter: str | None = None):
+    """Tokenizer and model from a folder (default: the bundled recguide-tiny), offline, trust_remote_code.
+
+    `adapter`: a PEFT adapter folder (NLD's drafting LoRA) attached on top; the engine routes it to draft
+    tokens only, so the verifier still runs the base weights."""
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -28,6 +31,14 @@ def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu")
     # NLD-style folders register only AutoModel (encoder + diffusion head, no causal-LM class)
     auto_class = AutoModel if auto_map and "AutoModelForCausalLM" not in auto_map else AutoModelForCausalLM
     model = auto_class.from_pretrained(path, trust_remote_code=True, dtype=torch_dtype)
+    if adapter:
+        try:
+            from peft import PeftModel
+        except ImportError as err:
+            raise SystemExit("--adapter needs the `peft` package (pip install peft)") from err
+        if not Path(adapter).exists():
+            raise SystemExit(f"Adapter folder {adapter} not found")
+        model = PeftModel.from_pretrained(model, adapter)
     return tokenizer, model.to(device).eval()
 
 
@@ -36,7 +47,7 @@ def cmd_generate(args) -> int:
 
     import recguide_hf
 
-    tokenizer, model = load(args.model, args.dtype, args.device)
+    tokenizer, model = load(args.model, args.dtype, args.device, args.adapter)
     enc = tokenizer([args.prompt], return_tensors="pt").to(args.device)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, recguide_mode=args.mode,
                   return_dict_in_generate=True)
@@ -170,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text with the bundled (or another) model")
     g.add_argument("--prompt", required=True)
     g.add_argument("--model", default=None, help="model folder (default: the bundled recguide-tiny)")
+    g.add_argument("--adapter", default=None, help="PEFT adapter folder for drafting (NLD's LoRA)")
     g.add_argument("--mode", default="recguide", choices=["ar", "linear", "recguide"])
     g.add_argument("--block-size", default=None, help='2..64 or "auto" (default: the model\'s generation config)')
     g.add_argument("--max-new-tokens", type=int, default=128)

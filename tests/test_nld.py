@@ -216,7 +216,7 @@ def test_model_folder_and_cli(tmp_path, capsys):
     """`recguide generate --model DIR` on an NLD-style folder (AutoModel + trust_remote_code), and the folder's
     model + its PEFT adapter reproduce the in-memory stand-in."""
     from peft import PeftModel
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoTokenizer
 
     from recguide_hf.cli import main
 
@@ -234,6 +234,18 @@ def test_model_folder_and_cli(tmp_path, capsys):
                  "--block-size", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 < result["new_tokens"] <= 12 and result["block_sizes"] == {"4": result["rounds"]}
+    # --adapter attaches the drafting LoRA: same text and the same accepted drafts as the Python route
+    assert main(["generate", "--model", str(path), "--adapter", str(path / "draft_lora"), "--prompt", "def f(x):",
+                 "--max-new-tokens", "12", "--block-size", "4", "--json"]) == 0
+    with_lora = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = tok(["def f(x):"], return_tensors="pt")
+    ref = recguide_hf.generate(drafter, **enc, max_new_tokens=12, recguide_block_size=4, return_dict_in_generate=True)
+    assert with_lora["text"] == tok.decode(ref.sequences[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert with_lora["text"] == result["text"]  # lossless either way: the verifier runs the base weights
+    assert with_lora["accepted_drafts"] == ref.recguide_stats["accepted_drafts"]
+    with pytest.raises(SystemExit, match="not found"):
+        main(["generate", "--model", str(path), "--adapter", str(tmp_path / "missing"), "--prompt", "x"])
 
 
 def test_direct_path_refuses_what_it_cannot_do(model):
