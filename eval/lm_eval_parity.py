@@ -155,18 +155,24 @@ def main(argv=None):
     return report
 
 
-def print_table(report: dict, mode: str):
+def table(report: dict, mode: str) -> str:
+    """The report as a Markdown table (also used by eval/update_readme.py)."""
     head = (f"| task | docs | identical responses | token exact | ar s | {mode} s | {mode}/ar time | "
             f"exact_match ar / {mode} | TPF | tau |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for task, e in report["tasks"].items():
         em = e["metrics"]
         stats = e["recguide_stats"] or {}
-        print(f"| {task} | {e['docs']} | {e['identical']}/{e['docs']} | {e['token_parity']['exact_match']:.3f} | "
-              f"{e['seconds']['ar']:.1f} | {e['seconds'][mode]:.1f} | {e['time_ratio']:.2f} | "
-              f"{em['ar'].get('exact_match', 0):.3f} / {em[mode].get('exact_match', 0):.3f} | "
-              f"{stats.get('tpf', float('nan')):.2f} | {stats.get('tau', float('nan')):.2f} |")
+        lines.append(f"| {task} | {e['docs']} | {e['identical']}/{e['docs']} | "
+                     f"{e['token_parity']['exact_match']:.3f} | {e['seconds']['ar']:.1f} | {e['seconds'][mode]:.1f} | "
+                     f"{e['time_ratio']:.2f} | {em['ar'].get('exact_match', 0):.3f} / "
+                     f"{em[mode].get('exact_match', 0):.3f} | {stats.get('tpf', float('nan')):.2f} | "
+                     f"{stats.get('tau', float('nan')):.2f} |")
+    return "\n".join(lines)
+
+
+def print_table(report: dict, mode: str):
+    print(table(report, mode))
 
 
 if __name__ == "__main__":

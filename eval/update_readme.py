@@ -54,6 +54,18 @@ def main():
                   "![TPF and tau](eval/results/tpf_tau.png)", ""]
     if (res / "engine.json").exists():
         lines += engine_section(res / "engine.json") + ["", "Regenerate with the command above.", ""]
+    parity = res / "lm_eval_parity.json"
+    if parity.exists():
+        import sys
+
+        sys.path.insert(0, str(ROOT / "eval"))
+        from lm_eval_parity import table
+
+        report = json.loads(parity.read_text())
+        mode = next(m for m in report["gen_kwargs"] if m != "ar")
+        lines += [f"lm-evaluation-harness, the same tasks as `ar` and as `{mode}` (`python eval/{report['command']}`, "
+                  f"backend `{report['backend']}`, commit {report['environment']['git_commit']}):", "",
+                  table(report, mode), ""]
     card = ROOT / "model_cards" / "recguide-tiny" / "eval_results.json"
     if card.exists():
         r = json.loads(card.read_text())
