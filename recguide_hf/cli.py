@@ -83,11 +83,15 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
+def _prompt_sets(names: list[str], limit: int, skip: int = 0) -> dict[str, list[str]]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
     from prompts import load_prompts
 
-    return {name: load_prompts(name, limit) for name in names}
+    sets = {name: load_prompts(name, skip + limit)[skip:] for name in names}
+    empty = [name for name, prompts in sets.items() if not prompts]
+    if empty:
+        raise SystemExit(f"no prompts left in {empty} after skipping {skip}")
+    return sets
 
 
 def cmd_profile(args) -> int:
@@ -120,7 +124,7 @@ def cmd_calibrate(args) -> int:
     tokenizer, model = load(args.model, "fp32", args.device)
     block = max(args.block_sizes)
     rounds: list[Round] = []
-    sets = _prompt_sets(args.prompts, args.num_prompts)
+    sets = _prompt_sets(args.prompts, args.num_prompts, args.skip)
     eos = model.generation_config.eos_token_id
     for name, prompts in sets.items():
         for i in tqdm(range(0, len(prompts), args.batch), desc=f"calibrate {name}"):
@@ -134,7 +138,7 @@ def cmd_calibrate(args) -> int:
                 t[row] = t.get(row, -1) + 1
                 rounds.append(Round(name, i + row, t[row], entropy, accepted))
     table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins)
-    table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts,
+    table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts, "skip": args.skip,
                             "max_new_tokens": args.max_new_tokens}
     out = Path(args.out) if args.out else Path(args.model or BUNDLED_MODEL) / "value_table.json"
     out.write_text(json.dumps(table, indent=1) + "\n")
@@ -207,8 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="fit the value table V_B(s, z) of the adaptive block policy")
     c.add_argument("--model", default=None)
-    c.add_argument("--prompts", nargs="+", default=["humaneval", "prose"])
+    c.add_argument("--prompts", nargs="+", default=["code", "prose"],
+                   help="prompt sets (humaneval, prose, code); the default keeps HumanEval for evaluation")
     c.add_argument("--num-prompts", type=int, default=48, help="per prompt set")
+    c.add_argument("--skip", type=int, default=100,
+                   help="skip the first N prompts of each set (`recguide bench` uses the first <= 64)")
     c.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 32])
     c.add_argument("--max-new-tokens", type=int, default=128)
     c.add_argument("--batch", type=int, default=16)
