@@ -88,8 +88,9 @@ def main(argv=None):
                      }[ph["args"]["phase"]]
         lines.append(f"| {name} | {objective} | {fmt(ph['minutes'], 1)} | {ph['steps']} | {ph['tokens']:,} | "
                      f"{fmt(e['heldout_ar_code'], 3)} / {fmt(e['heldout_ar_prose'], 3)} |")
-    lines += ["", "Commands (2-core CPU, bf16 autocast; the machine was shared with other jobs during training, so "
-              "the token counts above are what the wall-clock budgets bought):", "", "```bash"]
+    lines += ["", "Commands (2-core CPU, bf16 autocast; the machine was shared with other jobs during the ar and joint "
+              "phases and idle during distill, so the token counts above are what the wall-clock budgets bought):",
+              "", "```bash"]
     for ph in logs.values():
         a = ph["args"]
         init = f" --init {a['init']}" if a.get("init") not in (None, "None") else ""
@@ -104,7 +105,9 @@ def main(argv=None):
     for ph in logs.values():
         if ph["args"]["phase"] == "distill":
             teacher = json.loads(Path(ph["args"]["teacher_data"]).with_suffix(".json").read_text())
-            lines += [f"Distillation data: the frozen joint-phase model continued {teacher['seen']:,} random "
+            lines += [f"Distillation data: the frozen joint-phase model (`{teacher['args']['teacher']}` held exactly "
+                      f"the weights of `runs/joint/final` when this ran; use that folder to reproduce) continued "
+                      f"{teacher['seen']:,} random "
                       f"training-split windows greedily ({teacher['seconds'] / 60:.1f} minutes, bf16 autocast); "
                       f"each continuation was cut where its first repeated 8-gram starts again (loops are not "
                       f"learned) and {teacher['kept']:,} continuations ({teacher['kept_tokens']:,} tokens) were "
