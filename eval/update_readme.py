@@ -9,9 +9,11 @@ and eval/results/lm_eval_parity.json when present, and rewrites the text between
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -52,12 +54,20 @@ def main():
                   "from a shared 2-core machine: compare ratios within one table, not across runs.", "",
                   "![frontier](eval/results/frontier.png)", "", (res / "bench.md").read_text().strip(), "",
                   "![TPF and tau](eval/results/tpf_tau.png)", ""]
+    rho = res / "rho" / "bench.json"
+    if rho.exists():
+        from recguide_hf.bench import markdown_table
+
+        r = json.loads(rho.read_text())
+        lines += ["The cost weight rho of the adaptive policy, measured in one run "
+                  f"(`{r['environment']['command']}`, commit {r['environment']['git_commit']}): `recguide:rho=0` "
+                  "ignores cost, the default sets rho to the best fixed-block rate at that load, and "
+                  "`recguide:block_size=4,overlap=off` is LinearSS with B=4, outside the policy's candidates.", "",
+                  markdown_table(r), ""]
     if (res / "engine.json").exists():
         lines += engine_section(res / "engine.json") + ["", "Regenerate with the command above.", ""]
     parity = res / "lm_eval_parity.json"
     if parity.exists():
-        import sys
-
         sys.path.insert(0, str(ROOT / "eval"))
         from lm_eval_parity import table
 

@@ -159,7 +159,7 @@ def environment(command: str) -> dict:
 
 
 def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(1, 2, 4, 8, 16, 32, 64),
-          max_new_tokens: int = 128, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 8,
+          max_new_tokens: int = 64, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 8,
           progress=None) -> dict:
     """Run every (repeat, C, method), interleaved; return per (method, C) medians and the raw runs."""
     for m in methods:
