@@ -1,7 +1,8 @@
 """Edge cases behave like plain `generate`; properties over random inputs; memory stays bounded."""
 
 import gc
-import os
+import json
+from pathlib import Path
 
 import psutil
 import pytest
@@ -13,7 +14,9 @@ from transformers import AutoTokenizer
 
 import recguide_hf
 
-BUNDLED = os.path.join(os.path.dirname(__file__), "..", "model_cards", "recguide-tiny")
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ROOT / "model_cards" / "recguide-tiny"
+
 
 
 def hf(model, ids, mask=None, **kw):
@@ -49,7 +52,7 @@ def test_empty_prompt_and_too_long_prompt_raise(model):
         recguide_hf.generate(model, torch.randint(4, 90, (1, 510)), max_new_tokens=10)
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(BUNDLED, "tokenizer.json")), reason="bundled tokenizer missing")
+@pytest.mark.skipif(not (BUNDLED / "tokenizer.json").exists(), reason="bundled tokenizer missing")
 def test_stop_strings(tmp_path):
     tok = AutoTokenizer.from_pretrained(BUNDLED)
     model = tiny_model(seed=4, vocab=len(tok))
@@ -141,3 +144,33 @@ def test_long_generation_constant_round_cost():
     assert s["query_tokens"] <= 2 * 8 * s["rounds"]
     ref = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2000, do_sample=False)
     assert torch.equal(seq, ref)
+
+
+@pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="bundled weights missing")
+def test_lm_eval_stateful_stop_criteria_match_hf():
+    """lm-eval's MultiTokenEOSCriteria is stateful per row and reads `input_ids[:, W:]`: rows that advance by
+    different amounts in a round must each be shown to it as HF's loop would show them. A misaligned view once
+    let prompt text (with its line breaks) into the window and cut responses short."""
+    lm_utils = pytest.importorskip("lm_eval.models.utils_hf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(BUNDLED)
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED, trust_remote_code=True, dtype=torch.float32).eval()
+    docs = [json.loads(x)["prompt"] for x in (ROOT / "eval" / "tasks" / "data" / "shakespeare_nextline.jsonl").open()]
+    docs = sorted(docs[:16], key=lambda p: -len(tok(p)["input_ids"]))  # lm-eval batches longest first
+
+    def responses(batch_prompts, mode):
+        batch = tok(batch_prompts, return_tensors="pt", padding=True)
+        width = batch["input_ids"].shape[1]
+        crit = lm_utils.stop_sequences_criteria(tok, ["\n"], width, len(batch_prompts))
+        out = model.generate(**batch, max_new_tokens=32, do_sample=False, stopping_criteria=crit,
+                             recguide_mode=mode, recguide_block_size=8)
+        texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+        return [t.split("\n")[0] for t in texts]  # lm-eval cuts every response at the stop sequence
+
+    ref, ours = [], []
+    for i in range(0, len(docs), 4):
+        ref += responses(docs[i:i + 4], "ar")
+        ours += responses(docs[i:i + 4], "recguide")
+    assert ref == ours
+    assert sum(len(r) > 0 for r in ref) >= 6  # enough rows say something before their line break
