@@ -155,10 +155,14 @@ def main(argv=None):
     return report
 
 
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def table(report: dict, mode: str) -> str:
     """The report as a Markdown table (also used by eval/update_readme.py)."""
     head = (f"| task | docs | identical responses | token exact | ar s | {mode} s | {mode}/ar time | "
-            f"exact_match ar / {mode} | TPF | tau |")
+            f"exact_match ar / {mode} | TPF | tau |")  # TPF / tau: only the recguide backend reports them
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for task, e in report["tasks"].items():
         em = e["metrics"]
@@ -166,8 +170,7 @@ def table(report: dict, mode: str) -> str:
         lines.append(f"| {task} | {e['docs']} | {e['identical']}/{e['docs']} | "
                      f"{e['token_parity']['exact_match']:.3f} | {e['seconds']['ar']:.1f} | {e['seconds'][mode]:.1f} | "
                      f"{e['time_ratio']:.2f} | {em['ar'].get('exact_match', 0):.3f} / "
-                     f"{em[mode].get('exact_match', 0):.3f} | {stats.get('tpf', float('nan')):.2f} | "
-                     f"{stats.get('tau', float('nan')):.2f} |")
+                     f"{em[mode].get('exact_match', 0):.3f} | {_num(stats.get('tpf'))} | {_num(stats.get('tau'))} |")
     return "\n".join(lines)
 
 

@@ -17,6 +17,18 @@ sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
+def fastest(path: Path) -> str:
+    """One line computed from the bench run: the method with the highest aggregate tokens/s at each C."""
+    rows = json.loads(path.read_text())["rows"]
+    best = {}
+    for r in rows:
+        c = r["concurrency"]
+        if c not in best or r["aggregate_tps"] > best[c]["aggregate_tps"]:
+            best[c] = r
+    return "Fastest method at each concurrency in this run (aggregate tokens/s): " + ", ".join(
+        f"C={c} {r['method']} ({r['aggregate_tps']:.0f})" for c, r in sorted(best.items())) + "."
+
+
 def engine_section(path: Path) -> list[str]:
     e = json.loads(path.read_text())
     c1 = e["concurrency_1"]
@@ -52,7 +64,8 @@ def main():
                   "run, closed loop, greedy (per-request vs aggregate tokens/s, points labelled by concurrency C). "
                   "Regenerate with `recguide bench` (add `--quick` for a 3-minute smoke run). These timings come "
                   "from a shared 2-core machine: compare ratios within one table, not across runs.", "",
-                  "![frontier](eval/results/frontier.png)", "", (res / "bench.md").read_text().strip(), "",
+                  "![frontier](eval/results/frontier.png)", "", fastest(res / "bench.json"), "",
+                  (res / "bench.md").read_text().strip(), "",
                   "![TPF and tau](eval/results/tpf_tau.png)", ""]
     rho = res / "rho" / "bench.json"
     if rho.exists():

@@ -5,8 +5,8 @@ loads the model folder, whose `custom_generate/generate.py` replaces `model.gene
 things, and on CPU a third:
 
 1. It passes `max_new_tokens` (= lm-eval's `max_length` - padded context width). The stock backend passes only
-   `max_length`, which a `max_new_tokens` in the folder's generation_config.json overrides, so `max_gen_toks`
-   would be ignored and every batch would run to the folder's default length or the stop strings.
+   `max_length`, which a `max_new_tokens` in a folder's generation_config.json would override (the bundled
+   folder sets none), so with such a folder `max_gen_toks` would be ignored.
 2. It asks `generate` for `return_dict_in_generate=True`, keeps each call's `recguide_stats` and writes their
    pooled summary (TPF, tau, acceptance, hits, block-size mix, generated tokens, seconds in `generate`) into the
    results file under `config.recguide_stats`. Under `accelerate launch` the statistics of all processes are

@@ -143,8 +143,8 @@ def _tiny_folder(directory: Path) -> Path:
 @pytest.mark.slow
 def test_tiny_lm_eval_run_ar_and_recguide_agree(tmp_path):
     """The stock `hf` backend through the folder's custom_generate, `--gen_kwargs recguide_mode=ar` and `=recguide`:
-    identical responses; the `recguide` backend: the same text (cut at the task's max_gen_toks, which the stock
-    backend loses to the folder's max_new_tokens) and RecGuide statistics in the results' config."""
+    identical responses; the `recguide` backend: the same text (both cut at the task's max_gen_toks; a cut may split
+    a character) and RecGuide statistics in the results' config."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
