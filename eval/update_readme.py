@@ -17,6 +17,14 @@ sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
+def settings_line(path: Path) -> str:
+    st = json.loads(path.read_text())["settings"]
+    return (f"Settings: {st['max_new_tokens']} new tokens per request, concurrency "
+            f"{', '.join(map(str, st['concurrencies']))}, {st['repeats']} repeats (medians), up to "
+            f"{st['num_prompts']} prompts (HumanEval and held-out Shakespeare, mixed); greedy output of every "
+            "method is compared with plain HF greedy at batch 1 (column `= AR`).")
+
+
 def fastest(path: Path) -> str:
     """One line computed from the bench run: the method with the highest aggregate tokens/s at each C."""
     rows = json.loads(path.read_text())["rows"]
@@ -64,7 +72,8 @@ def main():
                   "run, closed loop, greedy (per-request vs aggregate tokens/s, points labelled by concurrency C). "
                   "Regenerate with `recguide bench` (add `--quick` for a 3-minute smoke run). These timings come "
                   "from a shared 2-core machine: compare ratios within one table, not across runs.", "",
-                  "![frontier](eval/results/frontier.png)", "", fastest(res / "bench.json"), "",
+                  "![frontier](eval/results/frontier.png)", "", settings_line(res / "bench.json"), "",
+                  fastest(res / "bench.json"), "",
                   (res / "bench.md").read_text().strip(), "",
                   "![TPF and tau](eval/results/tpf_tau.png)", ""]
     rho = res / "rho" / "bench.json"
