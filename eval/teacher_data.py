@@ -25,13 +25,9 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, StaticCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from eval.measure_model import distinct4  # noqa: E402
 from eval.train import load_tokens  # noqa: E402
 from recguide_hf.modeling import RecGuideForCausalLM  # noqa: E402
-
-
-def distinct_4(ids: list[int]) -> float:
-    grams = [tuple(ids[i:i + 4]) for i in range(len(ids) - 3)]
-    return len(set(grams)) / max(1, len(grams))
 
 
 def loop_start(ids: list[int], n: int = 8) -> int:
@@ -102,7 +98,7 @@ def main(argv=None):
             if tok.eos_token_id in c:
                 c = c[:c.index(tok.eos_token_id) + 1]
             c = c[:loop_start(c)]
-            if len(c) < args.min_kept or distinct_4(c) < args.min_distinct:
+            if len(c) < args.min_kept or distinct4(c) < args.min_distinct:
                 dropped["loop"] += 1
                 continue
             if sum(t in newline_ids for t in c) > 0.5 * len(c):

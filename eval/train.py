@@ -142,17 +142,8 @@ def losses(model, x: torch.Tensor, phase: str, args, gen: torch.Generator, dtype
         return {"ar": F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())}
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=inputs, cache=cache, use_cache=True).logits
-    out = {"ar": F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())}
-    b = random.choice(args.block_sizes)
-    k = max(1, args.draft_tokens // b)
-    ids, pos, labels, weights, allowed = draft_blocks(inputs, b, k, model.config.mask_token_id, gen)
-    mask = additive_mask(allowed.to(x.device), dtype=dtype)
-    dlogits = model(input_ids=ids.to(x.device), position_ids=pos.to(x.device), attention_mask=mask,
-                    cache=cache, use_cache=True).logits
-    ce = F.cross_entropy(dlogits.flatten(0, 1).float(), labels.to(x.device).flatten(), reduction="none")
-    w = weights.to(x.device).flatten()
-    out["diff"] = (ce * w).sum() / w.sum()
-    return out
+    return {"ar": F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()),
+            "diff": diffusion_loss(model, cache, inputs, args, gen, dtype)}
 
 
 def distill_losses(model, x, valid, args, gen, dtype) -> dict[str, torch.Tensor]:
@@ -160,17 +151,21 @@ def distill_losses(model, x, valid, args, gen, dtype) -> dict[str, torch.Tensor]
     p = args.prompt_len
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=x, cache=cache, use_cache=True).logits
-    out = {"ar": F.cross_entropy(logits[:, :p - 1].flatten(0, 1).float(), x[:, 1:p].flatten())}
+    return {"ar": F.cross_entropy(logits[:, :p - 1].flatten(0, 1).float(), x[:, 1:p].flatten()),
+            "diff": diffusion_loss(model, cache, x, args, gen, dtype, lo=p, valid=valid)}
+
+
+def diffusion_loss(model, cache, x, args, gen, dtype, lo: int = 1, valid=None) -> torch.Tensor:
+    """Weighted CE of draft blocks over clean sequences x whose keys/values `cache` already holds."""
     b = random.choice(args.block_sizes)
     k = max(1, args.draft_tokens // b)
-    ids, pos, labels, weights, allowed = draft_blocks(x, b, k, model.config.mask_token_id, gen, lo=p, valid=valid)
+    ids, pos, labels, weights, allowed = draft_blocks(x, b, k, model.config.mask_token_id, gen, lo=lo, valid=valid)
     mask = additive_mask(allowed.to(x.device), dtype=dtype)
     dlogits = model(input_ids=ids.to(x.device), position_ids=pos.to(x.device), attention_mask=mask,
                     cache=cache, use_cache=True).logits
     ce = F.cross_entropy(dlogits.flatten(0, 1).float(), labels.to(x.device).flatten(), reduction="none")
     w = weights.to(x.device).flatten()
-    out["diff"] = (ce * w).sum() / w.sum().clamp(min=1e-6)
-    return out
+    return (ce * w).sum() / w.sum().clamp(min=1e-6)
 
 
 @torch.no_grad()

@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval.teacher_data import distinct_4, loop_start  # noqa: E402
+from eval.measure_model import distinct4
+from eval.teacher_data import loop_start  # noqa: E402
 from eval.train import draft_blocks  # noqa: E402
 
 MASK = 3
@@ -61,5 +62,5 @@ def test_loop_cut_and_distinct_ratio():
     text = list(range(20)) + [7, 8, 9, 10, 11, 12, 13, 14, 50]  # 7..14 (an 8-gram) repeats at index 20
     assert loop_start(text) == 20
     assert loop_start(list(range(30))) == 30
-    assert distinct_4([1, 2, 3, 4] * 5) == 4 / 17
-    assert distinct_4(list(range(10))) == 1.0
+    assert distinct4([1, 2, 3, 4] * 5) == 4 / 17
+    assert distinct4(list(range(10))) == 1.0
