@@ -17,17 +17,17 @@ sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-def settings_line(path: Path) -> str:
-    st = json.loads(path.read_text())["settings"]
+def settings_line(bench: dict) -> str:
+    st = bench["settings"]
     return (f"Settings: {st['max_new_tokens']} new tokens per request, concurrency "
             f"{', '.join(map(str, st['concurrencies']))}, {st['repeats']} repeats (medians), up to "
             f"{st['num_prompts']} prompts (HumanEval and held-out Shakespeare, mixed); greedy output of every "
             "method is compared with plain HF greedy at batch 1 (column `= AR`).")
 
 
-def fastest(path: Path) -> str:
+def fastest(bench: dict) -> str:
     """One line computed from the bench run: the method with the highest aggregate tokens/s at each C."""
-    rows = json.loads(path.read_text())["rows"]
+    rows = bench["rows"]
     best = {}
     for r in rows:
         c = r["concurrency"]
@@ -68,12 +68,12 @@ def main():
     res = ROOT / "eval" / "results"
     lines = [START, "## Results", ""]
     if (res / "bench.md").exists():
+        bench = json.loads((res / "bench.json").read_text())
         lines += ["The concurrency frontier of the bundled model on this project's 2-core CPU: every method in one "
                   "run, closed loop, greedy (per-request vs aggregate tokens/s, points labelled by concurrency C). "
                   "Regenerate with `recguide bench` (add `--quick` for a 3-minute smoke run). These timings come "
                   "from a shared 2-core machine: compare ratios within one table, not across runs.", "",
-                  "![frontier](eval/results/frontier.png)", "", settings_line(res / "bench.json"), "",
-                  fastest(res / "bench.json"), "",
+                  "![frontier](eval/results/frontier.png)", "", settings_line(bench), "", fastest(bench), "",
                   (res / "bench.md").read_text().strip(), "",
                   "![TPF and tau](eval/results/tpf_tau.png)", ""]
     rho = res / "rho" / "bench.json"

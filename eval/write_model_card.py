@@ -91,6 +91,7 @@ def main(argv=None):
     lines += ["", "Commands (2-core CPU, bf16 autocast; the machine was shared with other jobs during the ar and joint "
               "phases and idle during distill, so the token counts above are what the wall-clock budgets bought):",
               "", "```bash"]
+    teacher = None  # eval/teacher_data.py's report, for a distill phase
     for ph in logs.values():
         a = ph["args"]
         init = f" --init {a['init']}" if a.get("init") not in (None, "None") else ""
@@ -102,17 +103,15 @@ def main(argv=None):
         lines.append(f"python eval/train.py --phase {a['phase']} --minutes {a['minutes']} --run {a['run']} "
                      f"--lr {a['lr']}{init}")
     lines += ["```", ""]
-    for ph in logs.values():
-        if ph["args"]["phase"] == "distill":
-            teacher = json.loads(Path(ph["args"]["teacher_data"]).with_suffix(".json").read_text())
-            lines += [f"Distillation data: the frozen joint-phase model (`{teacher['args']['teacher']}` held exactly "
-                      f"the weights of `runs/joint/final` when this ran; use that folder to reproduce) continued "
-                      f"{teacher['seen']:,} random "
-                      f"training-split windows greedily ({teacher['seconds'] / 60:.1f} minutes, bf16 autocast); "
-                      f"each continuation was cut where its first repeated 8-gram starts again (loops are not "
-                      f"learned) and {teacher['kept']:,} continuations ({teacher['kept_tokens']:,} tokens) were "
-                      f"kept (dropped: {teacher['dropped']}).", ""]
-    lines += [ "## Measured", "",
+    if teacher is not None:
+        lines += [f"Distillation data: the frozen joint-phase model (`{teacher['args']['teacher']}` held exactly "
+                  f"the weights of `runs/joint/final` when this ran; use that folder to reproduce) continued "
+                  f"{teacher['seen']:,} random "
+                  f"training-split windows greedily ({teacher['seconds'] / 60:.1f} minutes, bf16 autocast); "
+                  f"each continuation was cut where its first repeated 8-gram starts again (loops are not "
+                  f"learned) and {teacher['kept']:,} continuations ({teacher['kept_tokens']:,} tokens) were "
+                  f"kept (dropped: {teacher['dropped']}).", ""]
+    lines += ["## Measured", "",
               f"Command: `{res['command']}`", "",
               "| held-out corpus | AR loss | perplexity |", "|---|---|---|"]
     for corpus, v in held.items():
