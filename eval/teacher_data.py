@@ -3,12 +3,16 @@
     python eval/teacher_data.py --teacher model_cards/recguide-tiny --minutes 8 --out data/distill/teacher.npz
 
 Prompts are random windows of the TRAINING split (never held-out text, never HumanEval). The teacher continues
-each one greedily (bf16 autocast by default, static KV cache, batched). Loops are cut, not learned: a
-continuation is cut where its first repeated 8-gram starts again, cut after an EOS, and then kept only when
-at least `--min-kept` tokens remain, their distinct 4-gram ratio reaches `--min-distinct` and they are not
-mostly newlines or whitespace. The file holds `tokens` [N, P + G] (padded with
-PAD after the cut), `prompt_len` P and `valid` [N] (prompt + kept continuation length), plus what was
-dropped and why.
+each one greedily (bf16 autocast by default, static KV cache, batched; a trainer that needs exact fp32 greedy
+labels recomputes them from the frozen teacher's teacher-forced logits). Every continuation is cut after an EOS.
+
+`--keep-loops` (the default) keeps everything else: a drafting ADAPTER trained beside a frozen verifier cannot
+collapse, and at inference the verifier does loop, so the drafter must predict the loops too. With
+`--no-keep-loops` (what distilling the SHARED weights needed) a continuation is also cut where its first
+repeated 8-gram starts again and kept only when at least `--min-kept` tokens remain, their distinct 4-gram
+ratio reaches `--min-distinct` and they are not mostly newlines or whitespace. The file holds `tokens`
+[N, P + G] (padded with PAD after the cut), `prompt_len` P and `valid` [N] (prompt + kept continuation
+length), plus what was dropped and why.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--code-share", type=float, default=0.67)
+    p.add_argument("--keep-loops", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep looping continuations (for a separate drafting adapter or draft model)")
     p.add_argument("--min-distinct", type=float, default=0.6)
     p.add_argument("--min-kept", type=int, default=16, help="drop continuations shorter than this after the cut")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast")
@@ -80,7 +86,7 @@ def main(argv=None):
     train = load_tokens(args.corpus, tok, "train")
     rng = np.random.default_rng(args.seed)
     newline_ids = {i for t, i in tok.get_vocab().items() if tok.convert_tokens_to_string([t]).strip() == ""}
-    kept, valid, dropped = [], [], {"loop": 0, "blank": 0}
+    kept, valid, dropped = [], [], {"loop": 0, "blank": 0, "short": 0}
     total = 0
     t0 = time.time()
     bar = tqdm(total=int(args.minutes * 60), unit="s", desc="teacher", mininterval=5)
@@ -97,12 +103,16 @@ def main(argv=None):
             total += 1
             if tok.eos_token_id in c:
                 c = c[:c.index(tok.eos_token_id) + 1]
-            c = c[:loop_start(c)]
-            if len(c) < args.min_kept or distinct4(c) < args.min_distinct:
-                dropped["loop"] += 1
-                continue
-            if sum(t in newline_ids for t in c) > 0.5 * len(c):
-                dropped["blank"] += 1
+            if not args.keep_loops:
+                c = c[:loop_start(c)]
+                if len(c) < args.min_kept or distinct4(c) < args.min_distinct:
+                    dropped["loop"] += 1
+                    continue
+                if sum(t in newline_ids for t in c) > 0.5 * len(c):
+                    dropped["blank"] += 1
+                    continue
+            if len(c) < 2:
+                dropped["short"] += 1
                 continue
             row = prompt + c + [tok.pad_token_id] * (args.new_tokens - len(c))
             kept.append(row)

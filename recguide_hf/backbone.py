@@ -1,9 +1,10 @@
 """The one interface the engine uses to talk to a shared-backbone model.
 
 A backbone runs ONE forward over token ids with a 4D additive mask, per-token position ids and a cache,
-and says which tokens of that forward are draft tokens (so a model with a drafting adapter, like NLD's
-LoRA, can route them). It also knows the vocabulary facts the engine needs. Everything model-specific
-lives in subclasses; the engine never looks inside the model.
+and says which tokens of that forward are draft tokens: a model with a drafting adapter (a PEFT LoRA, as
+NLD-8B and this project's bundled model ship) gets its LoRA applied to exactly those tokens, for every
+backbone alike (`draft_adapter.route`). It also knows the vocabulary facts the engine needs. Everything
+model-specific lives in subclasses; the engine never looks inside the model.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .cache import RowCache
+from .draft_adapter import lora_layers, route
 
 
 class Backbone:
@@ -18,11 +20,14 @@ class Backbone:
     SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks."""
 
     def __init__(self, model, mask_token_id: int | None = None):
+        if hasattr(model, "get_base_model"):  # peft.PeftModel: its LoRA layers live in the wrapped model
+            model = model.get_base_model()
         self.model = model
         cfg = model.config
         self.mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, "mask_token_id", None)
         if self.mask_token_id is None:
             raise ValueError("The model's config has no `mask_token_id`; pass mask_token_id= to use it for drafting")
+        self.lora_layers = lora_layers(model)
 
     @property
     def device(self) -> torch.device:
@@ -50,8 +55,13 @@ class Backbone:
 
         Args:
             input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive;
-            draft_mask: [R, Q] bool, True for tokens computed in draft mode (unused here: the mask decides).
+            draft_mask: [R, Q] bool, True for tokens computed in draft mode: the drafting adapter (if any)
+                applies exactly there; the attention mode itself comes from the mask.
         """
+        with route(self.lora_layers, draft_mask):
+            return self._forward(input_ids, position_ids, attention_mask, cache, logits_to_keep)
+
+    def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                          cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
         return out.logits

@@ -26,7 +26,7 @@ SHIMS = {
         'gives plain Hugging Face generation."""\n\n'
         "from recguide_hf.generate import generate  # noqa: F401\n"
     ),
-    "custom_generate/requirements.txt": "recguide-hf\n",
+    "custom_generate/requirements.txt": "recguide-hf\npeft\n",
 }
 
 AUTO_MAP = {

@@ -10,12 +10,19 @@ position ids the caller passes:
 The class adds nothing to the forward of `Qwen3ForCausalLM` (both `cache` and the pre-5.24 name
 `past_key_values` are accepted there, `logits_to_keep` is honoured, and any `Cache` subclass works since
 attention only calls `cache.update`); it carries `mask_token_id` and a default block size in its config.
+A folder may carry a drafting adapter in `draft_lora/` (recguide_hf/draft_adapter.py): `from_pretrained`
+attaches it, disabled for plain forwards, so only the engine's draft tokens ever see it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.utils import cached_file
+
+from .draft_adapter import ADAPTER_DIR, attach_draft_adapter
 
 
 class RecGuideConfig(Qwen3Config):
@@ -38,6 +45,23 @@ class RecGuideForCausalLM(Qwen3ForCausalLM):
     """A Qwen3 decoder trained for both next-token prediction and block drafting."""
 
     config_class = RecGuideConfig
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, draft_adapter: bool = True, **kwargs):
+        """`PreTrainedModel.from_pretrained`, then the folder's `draft_lora/` adapter if it has one.
+
+        Args:
+            draft_adapter: attach the folder's drafting adapter (False: the verifier alone, e.g. to train one).
+        """
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if draft_adapter:
+            hub = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
+            found = cached_file(str(pretrained_model_name_or_path), f"{ADAPTER_DIR}/adapter_config.json",
+                                _raise_exceptions_for_missing_entries=False, **hub)
+            if found:
+                cached_file(str(pretrained_model_name_or_path), f"{ADAPTER_DIR}/adapter_model.safetensors", **hub)
+                attach_draft_adapter(model, Path(found).parent)
+        return model
 
     @torch.no_grad()
     def draft_logits(self, seed_ids: torch.Tensor, cache, prefix_len: int, block_size: int | None = None,

@@ -5,48 +5,23 @@ are `diffusion_head(encoder(...).last_hidden_state)`. NLD switches attention mod
 `layer.self_attn.diffusion_lm`; here every flag stays False and both modes come from the explicit 4D mask
 the engine passes, so one forward can mix verifier (causal) and draft (bidirectional block) tokens.
 
-NLD-8B drafts with a PEFT LoRA adapter (on `o_proj`) that must be on for drafting and off for
-verification. In a fused forward the routing is per token: during our forward every LoRA layer runs with
-its adapters disabled (PEFT then returns exactly `base_layer(x)`), and a forward hook adds the LoRA
-contribution only at the draft tokens (`torch.where` on the engine's `draft_mask`). Verifier tokens
-therefore get bit-for-bit the base layer's output: their logits are exactly those of the model with the
-LoRA disabled. Nothing is left changed on the model after a forward (the hooks are removed and the
-adapter switches restored).
+NLD-8B drafts with a PEFT LoRA adapter (on `o_proj`); `Backbone.forward` routes it per token
+(recguide_hf/draft_adapter.py), so verifier tokens get exactly the base weights' output.
 """
 
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
 
 import torch
 
 from .backbone import Backbone
 from .cache import RowCache
+from .draft_adapter import lora_layers
 
 
 def is_nld_model(model) -> bool:
     return hasattr(model, "encoder") and hasattr(model, "diffusion_head")
-
-
-def _lora_linears(module) -> list:
-    """PEFT LoRA layers inside `module` (empty without PEFT)."""
-    try:
-        from peft.tuners.lora import Linear as LoraLinear
-        from peft.tuners.lora import LoraLayer
-    except ImportError:
-        return []
-    layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
-    for m in layers:
-        if not isinstance(m, LoraLinear):
-            raise NotImplementedError(f"Per-token LoRA routing supports LoRA on Linear layers only, found {type(m)}")
-        if m.merged:
-            raise ValueError("A LoRA adapter is merged into the base weights, so the verifier would run the drafter's "
-                             "weights; unmerge it (model.unmerge_adapter()) before decoding")
-        variants = [a for a in m.active_adapters if a in getattr(m, "lora_variant", {})]
-        if variants:
-            raise NotImplementedError(f"LoRA variants (DoRA etc.) are not supported for drafting: {variants}")
-    return layers
 
 
 class NLDBackbone(Backbone):
@@ -87,7 +62,7 @@ class NLDBackbone(Backbone):
         params = inspect.signature(self.encoder.forward).parameters
         # transformers 5.24 names the cache `cache`; older remote code only knows `past_key_values`
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.lora_layers = _lora_linears(self.encoder)
+        self.lora_layers = lora_layers(self.encoder)
         self._keep_flags_causal()
 
     # ------------------------------------------------------------------ facts
@@ -116,13 +91,10 @@ class NLDBackbone(Backbone):
         return RowCache.for_model(self.encoder, num_rows, capacity)
 
     # ------------------------------------------------------------------ the forward
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                cache, draft_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
-        """Logits `[R, Q, V]`; the LoRA (if any) applies exactly to the tokens where `draft_mask` [R, Q] is True."""
+    def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):
         self._keep_flags_causal()
-        with self._route(draft_mask):
-            out = self.encoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                               use_cache=True, **{self._cache_kw: cache})
+        out = self.encoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                           use_cache=True, **{self._cache_kw: cache})
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
@@ -135,41 +107,3 @@ class NLDBackbone(Backbone):
                 layer.self_attn.diffusion_lm = False
         if getattr(self.encoder.config, "self_spec_inference_mode", None) is not None:
             self.encoder.config.self_spec_inference_mode = None
-
-    @contextmanager
-    def _route(self, draft_mask: torch.Tensor | None):
-        """Adapters off for every token; the LoRA delta added back where `draft_mask` is True."""
-        if not self.lora_layers:
-            yield
-            return
-        saved = [m._disable_adapters for m in self.lora_layers]
-        handles = []
-        try:
-            for m in self.lora_layers:
-                m._disable_adapters = True  # PEFT's forward is then exactly base_layer(x)
-            if draft_mask is not None:
-                select = draft_mask[:, :, None]
-                hook = lambda module, args, output: _add_lora(module, args[0], output, select)  # noqa: E731
-                handles = [m.register_forward_hook(hook) for m in self.lora_layers]
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-            for m, flag in zip(self.lora_layers, saved):
-                m._disable_adapters = flag
-
-
-def _add_lora(module, x: torch.Tensor, base: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-    """PEFT's LoRA sum (same operations as `peft.tuners.lora.Linear.forward`), kept only where `select`.
-
-    The delta is computed for every token and then selected, so finding the draft tokens needs no host sync;
-    at LoRA rank << hidden size (NLD-8B: 128 vs 4096) that costs a few percent of `o_proj`.
-    """
-    adapted = base
-    for name in module.active_adapters:
-        if name not in module.lora_A:
-            continue
-        lora_a, lora_b = module.lora_A[name], module.lora_B[name]
-        xa = x.to(lora_a.weight.dtype)
-        adapted = adapted + lora_b(lora_a(module.lora_dropout[name](xa))) * module.scaling[name]
-    return torch.where(select.to(base.device), adapted.to(base.dtype), base)

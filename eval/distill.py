@@ -1,0 +1,348 @@
+"""Distil a drafter from the FROZEN verifier: a drafting LoRA adapter, or a small AR draft model (DESIGN 5).
+
+    python eval/teacher_data.py --minutes 11 --prompt-len 96 --new-tokens 160 --out data/distill/teacher_v2.npz
+    python eval/distill.py --student adapter --minutes 60 --run runs/adapter \
+        [--init model_cards/recguide-tiny/draft_lora]        # resumes from the committed adapter
+    python eval/distill.py --student assistant --minutes 60 --run runs/assistant
+
+Both students learn the same thing from the same data: what the verifier emits. Each step runs the frozen
+verifier once, causally and under no_grad, over rows of `[real-text prompt | verifier's greedy continuation]`
+(eval/teacher_data.py, loops kept). That one pass gives (a) the keys/values every draft block attends to and
+(b) the verifier's teacher-forced distribution at every position, whose argmax is exactly the fp32 greedy
+token (hard label) and whose probabilities are the soft target.
+
+* `adapter`: K draft blocks per row `[x_t, MASK x (B-1)]` (a quarter of them `[MASK x B]`, the continuation
+  branch's shape), anchored inside the continuation, attend to the cached clean keys before t and
+  bidirectionally to themselves; the LoRA is on for the block tokens only (as the engine routes it), the base
+  weights are frozen. Block sizes are mixed (`--block-sizes`).
+* `assistant`: a shallow Qwen3 model (`--assistant-layers` at the verifier's width, embeddings copied from
+  the verifier) trained as a next-token model on the same rows: what HF assisted generation needs.
+
+Loss per target: CE to the verifier's argmax + `--kl-weight` x KL(verifier || student), MASK excluded, weighted
+exp(-(k-1)/`--decay`) by the target's place k in the block (acceptance is a prefix: k pays only when 1..k-1
+did). The assistant uses k = 1 everywhere.
+
+Progress is measured the way acceptance is: on held-out prompts (never HumanEval, never training text) the
+verifier's greedy continuation is the draft's target, and a block at anchor t accepts the leading run of
+positions where the student's argmax equals it. For both students that run is exactly what LinearSS /
+assisted generation would accept starting there, so `tau(B) = 1 + E[min(run, B - 1)]` is measured without
+running the decoding loop. `recguide` and `eval/measure_model.py` measure the real thing afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import AutoTokenizer, DynamicCache, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prompts import load_prompts  # noqa: E402
+from teacher_data import greedy  # noqa: E402
+from train import TeacherBatches, draft_blocks  # noqa: E402
+
+from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, save_draft_adapter, set_adapters  # noqa: E402,I001
+from recguide_hf.modeling import RecGuideForCausalLM, additive_mask  # noqa: E402
+
+ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+# ---------------------------------------------------------------- the verifier's teacher-forced pass
+@torch.no_grad()
+def verifier_pass(verifier, x: torch.Tensor, mask_id: int):
+    """Cache of the clean rows x [N, L] and the verifier's log-probs at every position [N, L, V] (MASK -inf)."""
+    cache = DynamicCache(config=verifier.config)
+    logits = verifier(input_ids=x, cache=cache, use_cache=True).logits.float()
+    logits[..., mask_id] = float("-inf")
+    return cache, logits.log_softmax(-1)
+
+
+def distill_loss(student_logits, teacher_logp, labels_ok, weights, kl_weight: float, mask_id: int):
+    """Weighted CE to the teacher's argmax + KL(teacher || student). All [T, V] / [T]."""
+    student_logits = student_logits.float()
+    student_logits[:, mask_id] = float("-inf")
+    logq = student_logits.log_softmax(-1)
+    target = teacher_logp.argmax(-1)
+    ce = F.nll_loss(logq, target, reduction="none")
+    p = teacher_logp.exp()
+    kl = (p * (teacher_logp - logq.clamp(min=-1e4))).nan_to_num().sum(-1)
+    w = weights * labels_ok
+    return ((ce + kl_weight * kl) * w).sum() / w.sum().clamp(min=1e-6), ce.detach()[labels_ok > 0].mean()
+
+
+def decay_weights(block_pos: torch.Tensor, decay: float) -> torch.Tensor:
+    return torch.exp(-(block_pos.clamp(min=1) - 1).float() / decay)
+
+
+class AdapterStudent:
+    """The verifier plus a LoRA that only draft-block tokens see."""
+
+    def __init__(self, verifier, args):
+        self.model = verifier
+        if args.init:
+            self.layers = attach_draft_adapter(verifier, args.init)
+            for name, p in verifier.named_parameters():
+                p.requires_grad_("lora_" in name)
+        else:
+            self.layers = add_draft_adapter(verifier, args.rank, args.alpha, args.targets)
+        self.mask_id = verifier.config.mask_token_id
+
+    def parameters(self):
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def block_logits(self, cache, x, valid, lo, block, num_blocks, gen):
+        ids, pos, labels, _, allowed = draft_blocks(x.cpu(), block, num_blocks, self.mask_id, gen, lo=lo,
+                                                    valid=valid.cpu())
+        dev = x.device
+        set_adapters(self.layers, True)
+        try:
+            logits = self.model(input_ids=ids.to(dev), position_ids=pos.to(dev),
+                                attention_mask=additive_mask(allowed.to(dev)), cache=cache, use_cache=True).logits
+        finally:
+            set_adapters(self.layers, False)
+        cache.crop(-ids.shape[1])  # drop the block keys: the clean prefix is all later passes may see
+        block_pos = torch.arange(block).repeat(num_blocks).expand_as(pos)
+        return logits, pos.to(dev), (labels != -100).float().to(dev), block_pos.to(dev)
+
+    def loss(self, x, valid, teacher_logp, cache, args, gen, lo):
+        block = random.choice(args.block_sizes)
+        k = max(1, args.draft_tokens // block)
+        logits, pos, ok, block_pos = self.block_logits(cache, x, valid, lo, block, k, gen)
+        # the block token at position j is predicted by the verifier's logits at j - 1
+        src = (pos - 1).clamp(max=x.shape[1] - 1)  # targets past the row are not trained (ok = 0)
+        t_logp = torch.gather(teacher_logp, 1, src[..., None].expand(-1, -1, teacher_logp.shape[-1]))
+        return distill_loss(logits.flatten(0, 1), t_logp.flatten(0, 1), ok.flatten(),
+                            decay_weights(block_pos, args.decay).flatten(), args.kl_weight, self.mask_id)
+
+    @torch.no_grad()
+    def runs(self, x, lo, block, stride, teacher_logp, cache):
+        """Accepted-run length of a draft block at every `stride`-th anchor t in [lo, L - block]: [N, A]."""
+        n, length = x.shape
+        anchors = torch.arange(lo, length - block + 1, stride)
+        a = len(anchors)
+        offs = torch.arange(block)
+        pos = (anchors[:, None] + offs).expand(n, a, block).reshape(n, -1)
+        ids = torch.full((n, a, block), self.mask_id)
+        ids[:, :, 0] = x[:, anchors]
+        col = torch.arange(length)
+        sees_clean = (col[None, :] < anchors[:, None]).repeat_interleave(block, 0)  # [A*B, L]
+        blk = torch.arange(a).repeat_interleave(block)
+        allowed = torch.cat([sees_clean, blk[:, None] == blk[None, :]], -1)[None, None].expand(n, 1, -1, -1)
+        set_adapters(self.layers, True)
+        try:
+            logits = self.model(input_ids=ids.view(n, -1), position_ids=pos, attention_mask=additive_mask(allowed),
+                                cache=cache, use_cache=True).logits
+        finally:
+            set_adapters(self.layers, False)
+        cache.crop(-a * block)
+        logits[..., self.mask_id] = float("-inf")
+        drafts = logits.argmax(-1).view(n, a, block)[:, :, 1:]
+        targets = x[:, anchors[:, None] + offs[1:]]  # [N, A, B-1]: the verifier's greedy tokens
+        return (drafts == targets).int().cumprod(-1).sum(-1)
+
+    def save(self, directory: Path):
+        save_draft_adapter(self.model, directory)
+
+
+class AssistantStudent:
+    """A shallow next-token model at the verifier's width, for HF's `assistant_model=` loop."""
+
+    def __init__(self, verifier, args, tokenizer):
+        self.mask_id = verifier.config.mask_token_id
+        if args.init:
+            self.model = Qwen3ForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+        else:
+            vc = verifier.config
+            cfg = Qwen3Config(vocab_size=vc.vocab_size, hidden_size=vc.hidden_size,
+                              intermediate_size=vc.intermediate_size, num_hidden_layers=args.assistant_layers,
+                              num_attention_heads=vc.num_attention_heads,
+                              num_key_value_heads=vc.num_key_value_heads, head_dim=vc.head_dim,
+                              max_position_embeddings=vc.max_position_embeddings, rope_parameters=vc.rope_parameters,
+                              tie_word_embeddings=True, rms_norm_eps=vc.rms_norm_eps, bos_token_id=vc.bos_token_id,
+                              eos_token_id=vc.eos_token_id, pad_token_id=vc.pad_token_id)
+            self.model = Qwen3ForCausalLM(cfg)
+            with torch.no_grad():  # same tokenizer: start from the verifier's token embeddings
+                self.model.model.embed_tokens.weight.copy_(verifier.model.embed_tokens.weight)
+        self.tokenizer = tokenizer
+
+    def parameters(self):
+        return list(self.model.parameters())
+
+    def loss(self, x, valid, teacher_logp, cache, args, gen, lo):
+        logits = self.model(input_ids=x[:, :-1]).logits
+        ok = (torch.arange(1, x.shape[1], device=x.device)[None] < valid[:, None]).float()
+        ones = torch.ones_like(ok)
+        return distill_loss(logits.flatten(0, 1), teacher_logp[:, :-1].flatten(0, 1), ok.flatten(), ones.flatten(),
+                            args.kl_weight, self.mask_id)
+
+    @torch.no_grad()
+    def runs(self, x, lo, block, stride, teacher_logp, cache):
+        drafts = self.model(input_ids=x[:, :-1]).logits
+        drafts[..., self.mask_id] = float("-inf")
+        hit = (drafts.argmax(-1) == x[:, 1:]).int()  # hit[:, j]: the draft of token j + 1 is right
+        anchors = torch.arange(lo, x.shape[1] - block + 1, stride)
+        windows = torch.stack([hit[:, a:a + block - 1] for a in anchors.tolist()], 1)  # [N, A, B-1]
+        return windows.cumprod(-1).sum(-1)
+
+    def save(self, directory: Path):
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        GenerationConfig(bos_token_id=self.model.config.bos_token_id, eos_token_id=self.model.config.eos_token_id,
+                         pad_token_id=self.model.config.pad_token_id).save_pretrained(directory)
+
+
+# ---------------------------------------------------------------- held-out measurement
+@torch.no_grad()
+def heldout_rows(verifier, tokenizer, prompt_len: int, new_tokens: int, per_set: int) -> dict[str, torch.Tensor]:
+    """The verifier's fp32 greedy continuations of held-out prompts (code: first `per_set`; prose: the last
+    `per_set`, away from the prose prompts the model card and the bench measure on)."""
+    sets = {"code": load_prompts("code")[:per_set], "prose": load_prompts("prose")[-per_set:]}
+    out = {}
+    for name, texts in sets.items():
+        rows = [ids[-prompt_len:] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]
+                if len(ids) >= prompt_len]
+        prompts = torch.tensor(rows)
+        out[name] = torch.cat([prompts, greedy(verifier, prompts, new_tokens)], 1)
+    return out
+
+
+@torch.no_grad()
+def measure(student, verifier, rows: dict[str, torch.Tensor], prompt_len: int, blocks=(8, 16, 32)) -> dict:
+    res = {}
+    for name, x in rows.items():
+        cache, logp = verifier_pass(verifier, x, student.mask_id)
+        runs = student.runs(x, prompt_len, max(blocks), 4, logp, cache)  # [N, A] runs capped at max(B) - 1
+        for b in blocks:
+            res[f"tau_{name}_B{b}"] = round(1 + runs.clamp(max=b - 1).float().mean().item(), 3)
+        res[f"accept_{name}"] = [round((runs >= k).float().mean().item(), 3) for k in range(1, 9)]
+    return res
+
+
+# ---------------------------------------------------------------- the loop
+def train(args):
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.verifier)
+    verifier = RecGuideForCausalLM.from_pretrained(args.verifier, dtype=torch.float32, draft_adapter=False)
+    verifier.to(device).eval()
+    for p in verifier.parameters():
+        p.requires_grad_(False)
+    if args.student == "adapter":
+        student = AdapterStudent(verifier, args)
+    else:
+        student = AssistantStudent(verifier, args, tokenizer)
+        student.model.to(device)
+    params = student.parameters()
+    num_params = sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    batches = TeacherBatches(args.teacher_data, args.batch_size, args.seed)
+    lo = batches.prompt_len
+    held = {k: v.to(device) for k, v in heldout_rows(verifier, tokenizer, 96, 128, args.eval_prompts).items()}
+    state = {"step": 0, "elapsed": 0.0, "tokens": 0, "log": [], "previous_minutes": args.previous_minutes}
+    ckpt = args.run / "ckpt.pt"
+    if args.resume and ckpt.exists():
+        blob = torch.load(ckpt, weights_only=False)
+        for p, saved in zip(params, blob["params"]):
+            p.data.copy_(saved)
+        opt.load_state_dict(blob["opt"])
+        state = blob["state"]
+    gen = torch.Generator().manual_seed(args.seed + state["step"])
+    budget = args.minutes * 60
+
+    def record(train_parts=None):
+        metrics = measure(student, verifier, held, 96)
+        entry = {"step": state["step"], "minutes": round((state["elapsed"]) / 60 + state["previous_minutes"], 2),
+                 "target_tokens": state["tokens"], **(train_parts or {}), **metrics}
+        state["log"].append(entry)
+        print(json.dumps(entry), flush=True)
+
+    print(f"{args.student}: {num_params / 1e6:.2f}M trainable parameters, budget {args.minutes} min, "
+          f"{len(batches.tokens)} teacher rows", flush=True)
+    if not state["log"]:
+        record()
+    bar = tqdm(total=int(budget), initial=int(state["elapsed"]), unit="s", desc=args.student, mininterval=10)
+    last_ckpt = last_eval = time.time()
+    t0 = time.time() - state["elapsed"]
+    while state["elapsed"] < budget:
+        frac = state["elapsed"] / budget
+        warm = min(1.0, (state["step"] + 1) / args.warmup)
+        for group in opt.param_groups:
+            group["lr"] = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        x, valid = (t.to(device) for t in batches.next())
+        cache, teacher_logp = verifier_pass(verifier, x, student.mask_id)
+        loss, ce = student.loss(x, valid, teacher_logp, cache, args, gen, lo)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        state["step"] += 1
+        state["tokens"] += int((valid - lo).sum())
+        state["elapsed"] = time.time() - t0
+        bar.update(int(state["elapsed"]) - bar.n)
+        if state["step"] % 10 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}", ce=f"{ce.item():.3f}")
+        if time.time() - last_eval > args.eval_minutes * 60:
+            record({"loss": round(loss.item(), 4), "ce": round(ce.item(), 4)})
+            last_eval = time.time()
+        if time.time() - last_ckpt > args.ckpt_minutes * 60:
+            save(student, opt, params, state, args.run)
+            last_ckpt = time.time()
+    bar.close()
+    record({"loss": round(loss.item(), 4), "ce": round(ce.item(), 4)})
+    save(student, opt, params, state, args.run)
+    (args.run / "final" / "distill_log.json").write_text(json.dumps(
+        {"args": {k: str(v) for k, v in vars(args).items()}, "trainable_parameters": num_params, **state}, indent=1))
+
+
+def save(student, opt, params, state, run: Path):
+    run.mkdir(parents=True, exist_ok=True)
+    student.save(run / "final")
+    torch.save({"params": [p.detach().clone() for p in params], "opt": opt.state_dict(), "state": state},
+               run / "ckpt.pt.tmp")
+    os.replace(run / "ckpt.pt.tmp", run / "ckpt.pt")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--student", choices=["adapter", "assistant"], default="adapter")
+    p.add_argument("--verifier", type=Path, default=Path("model_cards/recguide-tiny"))
+    p.add_argument("--teacher-data", type=Path, default=Path("data/distill/teacher_v2.npz"))
+    p.add_argument("--init", type=Path, default=None, help="continue from this adapter / assistant folder")
+    p.add_argument("--previous-minutes", type=float, default=0.0, help="training minutes already in --init")
+    p.add_argument("--run", type=Path, default=Path("runs/adapter"))
+    p.add_argument("--resume", action="store_true", help="continue the optimizer state in RUN/ckpt.pt")
+    p.add_argument("--minutes", type=float, default=60)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--alpha", type=float, default=64)
+    p.add_argument("--targets", nargs="+", default=ALL_LINEARS)
+    p.add_argument("--assistant-layers", type=int, default=2)
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16, 16, 32])
+    p.add_argument("--draft-tokens", type=int, default=128, help="draft-block tokens per row and step")
+    p.add_argument("--kl-weight", type=float, default=1.0)
+    p.add_argument("--decay", type=float, default=4.0, help="loss weight exp(-(k-1)/decay) at block place k")
+    p.add_argument("--eval-prompts", type=int, default=24, help="held-out prompts per set for the tau curve")
+    p.add_argument("--eval-minutes", type=float, default=10)
+    p.add_argument("--ckpt-minutes", type=float, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    train(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The drafting adapter on this project's model class: per-token routing, the folder's `draft_lora/`, parity."""
+
+import pytest
+import torch
+from conftest import MASK, PAD, left_pad, random_prompts, tiny_model
+
+pytest.importorskip("peft")
+
+import recguide_hf  # noqa: E402
+from recguide_hf.backbone import as_backbone  # noqa: E402
+from recguide_hf.draft_adapter import (  # noqa: E402
+    ADAPTER_DIR,
+    add_draft_adapter,
+    lora_layers,
+    save_draft_adapter,
+    set_adapters,
+)
+from recguide_hf.export import save_model_folder  # noqa: E402
+from recguide_hf.masks import build_mask, causal_intra, positions  # noqa: E402
+
+TARGETS = ["q_proj", "o_proj", "down_proj"]
+
+
+def with_adapter(seed: int = 0):
+    """A tiny model plus a LoRA whose B is random (a fresh LoRA is the identity, which would prove nothing)."""
+    model = tiny_model(seed)
+    add_draft_adapter(model, rank=4, alpha=8, target_modules=TARGETS)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A model folder as the bundled one is laid out: weights, code shims, and `draft_lora/`."""
+    directory = tmp_path_factory.mktemp("with_adapter")
+    save_model_folder(tiny_model(0), None, directory, recguide_block_size=4)
+    save_draft_adapter(with_adapter(0), directory / ADAPTER_DIR)
+    return directory
+
+
+def test_fresh_adapter_is_disabled_and_frozen_base():
+    model = with_adapter()
+    layers = lora_layers(model)
+    assert len(layers) == 2 * len(TARGETS)  # two decoder layers
+    assert all(m._disable_adapters for m in layers)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_folder_attaches_adapter_and_plain_forward_is_the_verifier(folder):
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    assert len(lora_layers(loaded)) == 2 * len(TARGETS)
+    bare = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, draft_adapter=False)
+    assert lora_layers(bare) == []
+    ids = torch.tensor([[5, 9, 17, 30, 41]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, bare(ids).logits)  # adapters off outside the engine
+        set_adapters(lora_layers(loaded), True)
+        on = loaded(ids).logits
+        set_adapters(lora_layers(loaded), False)
+    assert not torch.allclose(on, bare(ids).logits, atol=1e-3)
+    # the weights are the ones saved, and the folder is a PEFT adapter folder PEFT itself can load
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(tiny_model(0), folder / ADAPTER_DIR)
+    with torch.no_grad():
+        assert torch.allclose(peft_model(ids).logits, on, atol=1e-5)
+
+
+def _fused(bb, prompt, verify, branch, branch_start, draft_on=True):
+    """One row: the cache holds prompt[:-1]; a causal verifier segment and one bidirectional branch segment
+    that sees the verifier tokens before `branch_start`, in ONE forward."""
+    cache = bb.new_cache(1, 64)
+    rows, pads = torch.tensor([0]), torch.tensor([0])
+    n = len(prompt) - 1
+    cache.bind(rows, n)
+    bb.forward(torch.tensor([prompt[:-1]]), torch.arange(n)[None], build_mask(rows, pads, causal_intra(1, n), n),
+               cache)
+    cache.commit(rows, torch.tensor([n]))
+    q, b = len(verify), len(branch)
+    intra = torch.zeros(1, q + b, q + b, dtype=torch.bool)
+    intra[:, :q, :q] = causal_intra(1, q)
+    intra[:, q:, :branch_start] = True
+    intra[:, q:, q:] = True
+    offsets = torch.cat([torch.arange(q), branch_start + torch.arange(b)])[None]
+    kv = cache.bind(rows, q + b)
+    lengths = cache.lengths[rows]
+    logits = bb.forward(torch.tensor([verify + branch]), positions(lengths, pads, offsets),
+                        build_mask(lengths, pads, intra, kv), cache,
+                        draft_mask=torch.tensor([[False] * q + [draft_on] * b]))
+    return logits[0, :q], logits[0, q:]
+
+
+@torch.no_grad()
+def test_fused_forward_routes_per_token(folder):
+    """Verifier tokens: bit-for-bit the base weights' logits even beside draft tokens; draft tokens: the LoRA's."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    bare = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, draft_adapter=False)
+    prompt, verify, branch = [5, 17, 23, 40, 8, 70], [70, 33, 44, 55], [66, MASK, MASK, MASK]
+    v_routed, b_routed = _fused(as_backbone(loaded), prompt, verify, branch, 2)
+    v_base, b_base = _fused(as_backbone(bare), prompt, verify, branch, 2)
+    assert torch.equal(v_routed, v_base)
+    assert not torch.allclose(b_routed, b_base, atol=1e-3)
+    assert all(m._disable_adapters for m in lora_layers(loaded))  # nothing left switched on
+    # the branch equals a separate draft forward: prefix [prompt, d_1] committed causally with the LoRA off,
+    # then [c_p, MASK x 3] bidirectionally with the whole LoRA on
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=loaded.config)
+    loaded(input_ids=torch.tensor([prompt + verify[1:2]]), cache=cache, use_cache=True)
+    p = cache.get_seq_length()
+    set_adapters(lora_layers(loaded), True)
+    draft = loaded(input_ids=torch.tensor([branch]), position_ids=torch.arange(p, p + 4)[None], cache=cache,
+                   attention_mask=torch.zeros(1, 1, 4, p + 4), use_cache=True).logits
+    set_adapters(lora_layers(loaded), False)
+    torch.testing.assert_close(b_routed, draft[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["linear", "recguide"])
+def test_greedy_parity_with_adapter(folder, mode):
+    """Whatever the drafter proposes, greedy output equals plain HF greedy of the verifier."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ids, mask = left_pad(random_prompts(4, 96, seed=3), pad=PAD)
+    ref = loaded.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, recguide_mode="ar",
+                          do_sample=False)
+    for block in (3, 8):
+        out = loaded.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, recguide_mode=mode,
+                              recguide_block_size=block)
+        assert torch.equal(out, ref), (mode, block)
+    stats = recguide_hf.generate(loaded, input_ids=ids, attention_mask=mask, max_new_tokens=24, recguide_mode=mode,
+                                 recguide_block_size=8, return_dict_in_generate=True).recguide_stats
+    assert stats["rounds"] > 0
