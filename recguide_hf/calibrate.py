@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -117,20 +118,41 @@ def _out_of_fold(samples, block_sizes, edges, folds, seed) -> dict:
 
 
 class ValueTable:
-    """Lookup of V_B(s, z)."""
+    """Lookup of V_B(s, z). `V_1 = 1` exactly (a plain decoding step), whether or not it was calibrated."""
 
     def __init__(self, data: dict):
         self.data = data
         self.block_sizes = [int(b) for b in data["block_sizes"]]
         self.edges = data["s_edges"]
         self.values = data["values"]
-        self.mean = {int(b): v for b, v in data["mean"].items()}
+        self.mean = {int(b): v for b, v in data["mean"].items()} | {1: 1.0}
+        # per block: [previous blocks, fully accepted?, s bins] for the vectorised lookup
+        self._prev_index = {b: i for i, b in enumerate(self.block_sizes)}
+        self._grid = {b: torch.tensor([[self.values[str(b)].get(f"{bp},{f}", [self.mean[b]] * (len(self.edges) + 1))
+                                        for f in (0, 1)] for bp in self.block_sizes], dtype=torch.float32)
+                      for b in self.block_sizes}
+        self._edges = torch.tensor(self.edges, dtype=torch.float32)
 
     @classmethod
     def load(cls, path: str | Path) -> ValueTable:
         return cls(json.loads(Path(path).read_text()))
 
+    def values_for(self, block: int, s: torch.Tensor, prev_block: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """`value` for many rows at once: s [R] float, prev_block [R] long, full [R] bool -> [R] float.
+        A previous block the table does not know (or s NaN) gives the block's mean."""
+        if block == 1:
+            return torch.ones_like(s)
+        prev_idx = torch.tensor([self._prev_index.get(int(b), -1) for b in prev_block.tolist()]) \
+            if prev_block.numel() else prev_block
+        known = (prev_idx >= 0) & ~s.isnan()
+        bins = torch.bucketize(s.nan_to_num(0.0), self._edges, right=True)  # = np.searchsorted(side="right")
+        grid = self._grid[block]
+        v = grid[prev_idx.clamp(min=0), full.long(), bins]
+        return torch.where(known, v, torch.full_like(v, self.mean[block]))
+
     def value(self, block: int, s: float | None, prev_block: int | None, full: bool | None) -> float:
+        if block == 1:
+            return 1.0
         if s is None or prev_block is None or str(block) not in self.values:
             return self.mean.get(block, 0.0)
         per_state = self.values[str(block)].get(f"{prev_block},{int(bool(full))}")

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from .config import BLOCK_SIZES
+
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "model_cards" / "recguide-tiny"
 
 
@@ -201,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="measure draft/verify forward costs T_C(B) on this machine")
     p.add_argument("--model", default=None)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
-    p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES),
+                   help="B = 1 is a plain decoding step (the fallback the auto policy may pick)")
     p.add_argument("--prefix-len", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--dtype", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
@@ -216,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--num-prompts", type=int, default=48, help="per prompt set")
     c.add_argument("--skip", type=int, default=100,
                    help="skip the first N prompts of each set (`recguide bench` uses the first <= 64)")
-    c.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 32])
+    c.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES),
+                   help="calibrated from one LinearSS run at the largest")
     c.add_argument("--max-new-tokens", type=int, default=128)
     c.add_argument("--batch", type=int, default=16)
     c.add_argument("--bins", type=int, default=6)

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 MODES = ("ar", "linear", "recguide")
 OVERLAPS = ("fused", "streams", "off")
-MIN_BLOCK, MAX_BLOCK = 2, 64
+MIN_BLOCK, MAX_BLOCK = 1, 64  # B = 1: a plain decoding step (no draft forward)
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what `recguide profile` measures by default
+PAPER_BLOCK_SIZES = (8, 16, 32)  # the paper's candidates (an 8B model on a B200)
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,8 @@ class DecodingConfig:
 
     mode: str = "recguide"  # "ar": plain HF generation; "linear": LinearSS; "recguide": overlap + adaptive
     block_size: int | str = 16  # B = seed + B-1 drafts; "auto" = chosen per request and round
-    block_sizes: tuple[int, ...] = (8, 16, 32)  # candidates for "auto" (the paper's three)
+    # candidates for "auto"; None = every block size the cost table measured (PAPER_BLOCK_SIZES without one)
+    block_sizes: tuple[int, ...] | None = None
     delta: float = 0.5  # a draft position is risky when its top-2 draft margin is below delta
     max_corrections: int = 2  # correction branches per round; later ones rarely pay (DESIGN 2.4)
     continuation: bool = True  # also draft the block after a fully accepted one
@@ -40,8 +43,8 @@ class DecodingConfig:
             _check(_is_int(self.block_size) and MIN_BLOCK <= self.block_size <= MAX_BLOCK, "recguide_block_size",
                    self.block_size, f'an integer from {MIN_BLOCK} to {MAX_BLOCK} or "auto"')
         sizes = self.block_sizes
-        _check(isinstance(sizes, tuple) and len(sizes) > 0
-               and all(_is_int(b) and MIN_BLOCK <= b <= MAX_BLOCK for b in sizes),
+        _check(sizes is None or (isinstance(sizes, tuple) and len(sizes) > 0
+                                 and all(_is_int(b) and MIN_BLOCK <= b <= MAX_BLOCK for b in sizes)),
                "recguide_block_sizes", sizes, f"a non-empty list of integers from {MIN_BLOCK} to {MAX_BLOCK}")
         _check(isinstance(self.delta, (int, float)) and not isinstance(self.delta, bool) and 0 < self.delta <= 1,
                "recguide_delta", self.delta, "a number with 0 < delta <= 1")
@@ -54,10 +57,6 @@ class DecodingConfig:
     @property
     def branches_enabled(self) -> bool:
         return self.mode == "recguide" and self.overlap != "off" and (self.max_corrections > 0 or self.continuation)
-
-    @property
-    def max_block_size(self) -> int:
-        return max(self.block_sizes) if self.block_size == "auto" else int(self.block_size)
 
     @classmethod
     def from_sources(cls, generation_config=None, **overrides) -> DecodingConfig:

@@ -156,15 +156,15 @@ class Engine:
                              f"positions ({limit}); shorten the prompt or lower max_new_tokens")
         self.prompt_width = prompt_width
         # branch segments (3 x B), plus a copy of the verifier segment when they run on a second stream
-        branch_width = 4 * self.config.max_block_size if self.config.branches_enabled else 0
-        capacity = prompt_width + max_new + self.config.max_block_size + branch_width
+        branch_width = 4 * self.policy.max_block if self.config.branches_enabled else 0
+        capacity = prompt_width + max_new + self.policy.max_block + branch_width
         self.cache = self.backbone.new_cache(num_rows, capacity)
         self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
                               device=device)
         self.pads = torch.zeros(num_rows, dtype=torch.long, device=device)
         self.count = torch.zeros(num_rows, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
         self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
-        self.pending = br.PendingBlocks(num_rows, self.config.max_block_size, device)
+        self.pending = br.PendingBlocks(num_rows, self.policy.max_block, device)
         self.stats = Stats(num_rows)
         self.stopper.start(self.seq, prompt_width)
 
@@ -246,7 +246,7 @@ class Engine:
         return draft
 
     def _plan(self, draft: DraftBlock, eff: torch.Tensor, block: int) -> br.BranchPlan | None:
-        if not self.config.branches_enabled or not self.policy.branches_on(eff.numel(), block):
+        if block == 1 or not self.config.branches_enabled or not self.policy.branches_on(eff.numel(), block):
             return None
         risky = risky_positions(draft, eff - 1, self.config.delta, self.config.max_corrections)
         return br.plan(risky, eff, block, self.config.continuation, self.mask_id)
@@ -305,7 +305,7 @@ class Engine:
         n_acc = verdict.num_accepted
         k = draft_ids.shape[1]
         idx = torch.arange(k + 1, device=rows.device)
-        new = torch.cat([draft_ids, torch.zeros_like(draft_ids[:, :1])], dim=1)  # [R, k+1]
+        new = torch.cat([draft_ids, draft_ids.new_zeros(draft_ids.shape[0], 1)], dim=1)  # [R, k+1]
         new.scatter_(1, n_acc[:, None], verdict.next_token[:, None])
         num_new = n_acc + 1
         # EOS inside the emitted tokens: keep it, drop what follows

@@ -1,34 +1,40 @@
 """Block sizes per request and round, bucketing, and whether a forward carries branches: one scheduler.
 
-Fixed mode: every request uses the configured B.
+Fixed mode: every request uses the configured B (B = 1: plain decoding steps in the engine).
 
 "auto" (DESIGN 2.3): each request picks `B* = argmax_B V_B(s_t, z_t) - rho_C * T_C(B)` where
+* the candidates are the block sizes the cost table measured on this hardware (`recguide profile`), by
+  default {1, 2, 4, 8, 16, 32, 64}; `recguide_block_sizes` narrows them (the paper's set: [8, 16, 32]);
 * `V_B(s, z)` is the calibrated expected progress (tokens per round) given certainty `s_t` (minus the mean
   verifier entropy of the last two rounds) and state `z_t = (B_{t-1}, fully accepted?)` (calibrate.py);
+  `V_1 = 1` exactly: a plain step always yields one token;
 * `T_C(B)` is the measured seconds of a LinearSS round (draft + verify) of block B with C requests in
-  flight (profile.py);
+  flight (profile.py); `T_C(1)` is one plain decoding step (no draft forward);
 * `rho_C` converts seconds into tokens: by default the best fixed-block rate at that load,
   `max_B mean(V_B) / T_C(B)`, so `V - rho T` is the progress a block buys beyond what its time would buy
   at the best fixed block. It can be set with `recguide_rho`.
 The first round (no history) takes the best fixed block at that load, `argmax_B mean(V_B) / T_C(B)`.
+So B = 1 is the fallback that keeps a request from ever being slower than plain decoding: whenever the
+drafts a request can expect are not worth their forward on this hardware, its next round is a plain step,
+and the round after may speculate again. No threshold on concurrency appears anywhere: load enters only
+through the measured `T_C`.
 Requests are bucketed by planned B: one draft and one verify forward per bucket.
 
 Branches (DESIGN 2.2) ride in a verify forward only when the measured costs say they pay: the extra
 query tokens cost `T_verify(C, B, S) - T_verify(C, B, 0)` for S segments per row, and they save an expected
 `h * T_draft(C, B)` (h = branch hit rate, observed during the call; prior from calibration). At low load
-the extra tokens are nearly free and branches stay; as load grows they are dropped, by the same rule,
-with no hand-set concurrency thresholds. Without a cost table branches are always carried.
+the extra tokens are nearly free and branches stay; as load grows they are dropped, by the same rule.
+Without a cost table branches are always carried.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
 
 from .calibrate import ValueTable
-from .config import DecodingConfig
+from .config import PAPER_BLOCK_SIZES, DecodingConfig
 from .profile import CostTable
 
 
@@ -37,10 +43,20 @@ class BlockPolicy:
         self.config = config
         self.costs, self.values = costs, values
         self.auto = config.block_size == "auto"
-        self.candidates = list(config.block_sizes) if self.auto else [int(config.block_size)]
+        if not self.auto:
+            self.candidates = [int(config.block_size)]
+        elif config.block_sizes is not None:
+            self.candidates = sorted(config.block_sizes)
+        else:
+            self.candidates = costs.block_sizes if costs is not None else list(PAPER_BLOCK_SIZES)
+        self.max_block = max(self.candidates)
         if self.auto and (costs is None or values is None):
             warnings.warn("recguide_block_size='auto' without a cost table and a value table (run `recguide "
                           "profile` and `recguide calibrate`): using the largest candidate block", stacklevel=3)
+        elif self.auto:
+            _check_covered("cost table (`recguide profile`)", self.candidates, costs.block_sizes)
+            _check_covered("value table (`recguide calibrate`)", [b for b in self.candidates if b > 1],
+                           values.block_sizes)
         self.hits, self.branch_rounds = 1.0, 3.0  # prior hit rate 1/3 until calibration or observation says more
         if values is not None and "coverage" in values.data:
             self.hits, self.branch_rounds = 3 * values.data["coverage"], 3.0
@@ -71,33 +87,24 @@ class BlockPolicy:
     def first_block(self, c: int) -> int:
         return max(self.candidates, key=lambda b: self.values.mean[b] / self.costs.round_cost(c, b))
 
-    def choose(self, c: int, s: float | None, prev_block: int | None, full: bool | None) -> int:
-        if s is None:
-            return self.first_block(c)
-        rho = self.rho(c)
-        return max(self.candidates,
-                   key=lambda b: self.values.value(b, s, prev_block, full) - rho * self.costs.round_cost(c, b))
-
     def plan(self, rows: torch.Tensor, stats, pending_has: torch.Tensor) -> torch.Tensor:
-        """Planned block size [R] for the active rows."""
+        """Planned block size [R] for the active rows (vectorised over rows: no per-row Python)."""
         if not self.auto:
             return torch.full_like(rows, self.candidates[0])
         if self.costs is None or self.values is None:
-            return torch.full_like(rows, max(self.candidates))
+            return torch.full_like(rows, self.max_block)
         c = rows.numel()
-        out = []
-        for r in rows.tolist():
-            prev = int(stats.last_block[r])
-            if bool(pending_has[r]):  # a branch drafted this request's next block at its previous size
-                out.append(prev)
-                continue
-            e1, e2 = (float(x) for x in stats.entropy[r])
-            if math.isnan(e1):
-                out.append(self.choose(c, None, None, None))
-                continue
-            s = -(e1 + (e2 if not math.isnan(e2) else e1)) / 2
-            out.append(self.choose(c, s, prev, bool(stats.last_full[r])))
-        return torch.tensor(out, device=rows.device)
+        rc = rows.cpu()
+        e1, e2 = stats.entropy[rc].unbind(1)
+        s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]
+        prev, full = stats.last_block[rc], stats.last_full[rc]
+        rho = self.rho(c)
+        gain = torch.stack([self.values.values_for(b, s, prev, full) - rho * self.costs.round_cost(c, b)
+                            for b in self.candidates], 1)  # [R, K]
+        chosen = torch.tensor(self.candidates)[gain.argmax(1)]
+        chosen = torch.where(e1.isnan(), self.first_block(c), chosen)  # no history yet
+        chosen = torch.where(pending_has.cpu()[rc], prev, chosen)  # a branch drafted the next block at that size
+        return chosen.to(rows.device)
 
     def buckets(self, rows: torch.Tensor, stats, pending_has: torch.Tensor):
         """Yield (block size, rows) groups: one draft and one verify forward per group."""
@@ -121,3 +128,10 @@ class BlockPolicy:
         self.branch_rounds += num_rows
         self.segments_seen += num_segments
         self.segment_rows += num_rows
+
+
+def _check_covered(what: str, wanted: list[int], have: list[int]):
+    missing = sorted(set(wanted) - set(have))
+    if missing:
+        raise ValueError(f"recguide_block_sizes asks for {missing}, which the {what} does not cover (it has "
+                         f"{sorted(have)}); measure them or choose from those")

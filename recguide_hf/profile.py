@@ -3,6 +3,7 @@
 For each concurrency C (rows in a forward) and block size B the profiler times, over a cached prefix:
 * `draft`: one bidirectional block forward, C x B query tokens;
 * `verify[S]`: one verify forward carrying S = 0..3 branch segments of B tokens per row (S = 0: LinearSS).
+B = 1 is a plain decoding step: no draft forward (`draft` = 0) and no branches (`verify` = one token per row).
 Medians over repeats, after a warm-up. The table is what the block-size policy and the branch rule read;
 `recguide profile --out DIR/cost_table.json` regenerates it for other hardware.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .backbone import as_backbone
+from .config import BLOCK_SIZES
 from .masks import block_intra, build_mask, causal_intra, positions
 
 
@@ -43,7 +45,7 @@ def _time_forward(backbone, cache, rows, q, intra, repeats):
 
 
 @torch.no_grad()
-def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=(8, 16, 32), prefix_len: int = 256,
+def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLOCK_SIZES, prefix_len: int = 256,
                   repeats: int = 5, progress=None) -> dict:
     """Seconds per forward: {"C": {"B": {"draft": t, "verify": [t(S=0), t(S=1), t(S=2), t(S=3)]}}}."""
     backbone = as_backbone(model)
@@ -55,11 +57,15 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=(8,
         rows = torch.arange(c, device=device)
         table[str(c)] = {}
         for b in block_sizes:
-            entry = {"draft": _time_forward(backbone, cache, rows, b, block_intra(c, b, device), repeats)}
-            entry["verify"] = [
-                _time_forward(backbone, cache, rows, b * (1 + s), causal_intra(c, b * (1 + s), device), repeats)
-                for s in range(4)
-            ]
+            if b == 1:
+                step = _time_forward(backbone, cache, rows, 1, causal_intra(c, 1, device), repeats)
+                entry = {"draft": 0.0, "verify": [step] * 4}
+            else:
+                entry = {"draft": _time_forward(backbone, cache, rows, b, block_intra(c, b, device), repeats)}
+                entry["verify"] = [
+                    _time_forward(backbone, cache, rows, b * (1 + s), causal_intra(c, b * (1 + s), device), repeats)
+                    for s in range(4)
+                ]
             table[str(c)][str(b)] = entry
             if progress is not None:
                 progress.update(1)
@@ -75,6 +81,7 @@ class CostTable:
         self.data = data
         self.costs = {int(c): {int(b): v for b, v in per_b.items()} for c, per_b in data["costs"].items()}
         self.concurrencies = sorted(self.costs)
+        self.block_sizes = sorted(set.intersection(*(set(per_b) for per_b in self.costs.values())))
 
     @classmethod
     def load(cls, path: str | Path) -> CostTable:
@@ -86,8 +93,8 @@ class CostTable:
         lo = max(x for x in cs if x <= c)
         hi = min(x for x in cs if x >= c)
 
-        def val(cc):
-            bb = min(self.costs[cc], key=lambda x: abs(x - b))
+        def val(cc):  # a block size the table lacks (fixed-block mode only) reads its nearest neighbour
+            bb = b if b in self.costs[cc] else min(self.costs[cc], key=lambda x: abs(x - b))
             v = self.costs[cc][bb][key]
             return v[index] if index is not None else v
 

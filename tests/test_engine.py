@@ -2,13 +2,15 @@
 
 import pytest
 import torch
-from conftest import EOS, MASK, left_pad, random_prompts, tiny_model
+from conftest import EOS, MASK, PAD, left_pad, random_prompts, tiny_model
 from mock_backbone import MockBackbone
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 import recguide_hf
+from recguide_hf.backbone import as_backbone
 from recguide_hf.config import DecodingConfig
 from recguide_hf.engine import Engine, SamplingSettings
+from recguide_hf.policy import BlockPolicy
 
 
 def hf_greedy(model, ids, mask, **kw):
@@ -21,10 +23,28 @@ def test_parity_batches_and_blocks(model, mode, batch):
     prompts = random_prompts(batch, 96, min_len=1, max_len=20, seed=batch)
     ids, mask = left_pad(prompts)
     ref = hf_greedy(model, ids, mask, max_new_tokens=23)
-    for block in (2, 3, 8, 16, 32):
+    for block in (1, 2, 3, 8, 16, 32):  # B = 1: plain decoding steps inside the engine
         out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=23, recguide_mode=mode,
                                    recguide_block_size=block)
         assert torch.equal(out, ref), (mode, block)
+
+
+def test_parity_plain_steps_mixed_with_speculation(model):
+    """Requests switching between plain steps (B = 1) and B = 8 from round to round, in separate buckets."""
+
+    class Alternate(BlockPolicy):
+        def plan(self, rows, stats, pending_has):
+            return torch.where((rows + stats.rounds[rows.cpu()].to(rows.device)) % 2 == 0, 1, 8)
+
+    prompts = random_prompts(5, 96, min_len=1, max_len=20, seed=11)
+    ids, mask = left_pad(prompts)
+    ref = hf_greedy(model, ids, mask, max_new_tokens=29)
+    cfg = DecodingConfig(mode="linear", block_size=8)
+    settings = SamplingSettings(max_new_tokens=29, eos_token_ids=[EOS], pad_token_id=PAD)
+    engine = Engine(as_backbone(model), cfg, settings, policy=Alternate(cfg))
+    out, stats = engine.generate(ids, mask)
+    assert torch.equal(out, ref[:, :out.shape[1]]) and out.shape == ref.shape
+    assert set(stats.as_dict()["block_sizes"]) == {1, 8}
 
 
 def test_parity_many_prompts_one_at_a_time():

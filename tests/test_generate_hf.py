@@ -52,7 +52,6 @@ def test_output_layout_matches_hf(folder):
 
 
 @pytest.mark.parametrize("bad, needle", [
-    (dict(recguide_block_size=1), "recguide_block_size=1"),
     (dict(recguide_block_size=0), "recguide_block_size=0"),
     (dict(recguide_block_size=1000), "recguide_block_size=1000"),
     (dict(recguide_block_size="big"), "recguide_block_size='big'"),

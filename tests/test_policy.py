@@ -11,6 +11,7 @@ from recguide_hf.config import DecodingConfig
 from recguide_hf.engine import Engine, SamplingSettings, verifier_entropy
 from recguide_hf.policy import BlockPolicy
 from recguide_hf.profile import CostTable
+from recguide_hf.stats import Stats
 
 
 def test_entropy_over_causally_valid_positions_only():
@@ -49,29 +50,76 @@ def test_value_fit_known_answer():
     assert table["report"]["rmse"]["32"] < 1e-6 < table["report"]["rmse_constant"]["32"]
 
 
-def _tables(flat_cost: bool):
+def _tables(flat_cost: bool, blocks=(8, 16, 32), step: float | None = None):
+    """Hand-made costs (flat, or growing with C and B) and the synthetic values; `step` = cost of a B=1 step."""
     costs = {}
     for c in (1, 8, 64):
         costs[str(c)] = {}
-        for b in (8, 16, 32):
+        for b in blocks:
             t = 0.01 if flat_cost else 0.01 * c * b / 8
             costs[str(c)][str(b)] = {"draft": t, "verify": [t, t * 1.1, t * 1.2, t * 1.3]}
-    values = fit(_synthetic_rounds(), num_bins=2)
+        if step is not None:
+            costs[str(c)]["1"] = {"draft": 0.0, "verify": [step] * 4}
+    values = fit(_synthetic_rounds(), block_sizes=blocks, num_bins=2)
     return CostTable({"costs": costs}), ValueTable(values)
+
+
+def choose(policy, c, s, prev, full):
+    """The block the policy plans for a request with certainty s and state (prev, full), C requests in flight."""
+    stats = Stats(c)
+    stats.entropy[:] = -s  # two rounds of history with entropy -s each
+    stats.last_block[:] = prev
+    stats.last_full[:] = full
+    return int(policy.plan(torch.arange(c), stats, torch.zeros(c, dtype=torch.bool))[0])
 
 
 def test_policy_choices_for_hand_made_tables():
     cfg = DecodingConfig(block_size="auto")
     costs, values = _tables(flat_cost=True)
     flat = BlockPolicy(cfg, costs, values)
-    assert flat.choose(1, -0.1, 32, False) == 32  # confident and cost flat in B: draft long
+    assert flat.candidates == [8, 16, 32]  # by default: what the cost table measured
+    assert choose(flat, 1, -0.1, 32, False) == 32  # confident and cost flat in B: draft long
     costs, values = _tables(flat_cost=False)
     steep = BlockPolicy(cfg, costs, values)
-    assert steep.choose(64, -3.0, 32, False) == 8  # unsure and cost grows with B: draft short
+    assert choose(steep, 64, -3.0, 32, False) == 8  # unsure and cost grows with B: draft short
     # confident at high load: 16 beats 32 once time is priced (V 16 vs 21 for twice the cost) ...
-    assert steep.choose(64, -0.1, 16, True) == 16
+    assert choose(steep, 64, -0.1, 16, True) == 16
     zero_rho = BlockPolicy(DecodingConfig(block_size="auto", rho=0.0), costs, values)
-    assert zero_rho.choose(64, -0.1, 16, True) == 32  # ... but not with rho = 0: the choice of rho matters
+    assert choose(zero_rho, 64, -0.1, 16, True) == 32  # ... but not with rho = 0: the choice of rho matters
+
+
+def test_plain_step_is_the_fallback_when_drafts_do_not_pay():
+    """B = 1 (V_1 = 1 exactly, no draft forward) wins for unsure requests when a step costs less than a third
+    of a B=8 round, and loses to speculation for confident ones; no concurrency threshold is involved."""
+    costs, values = _tables(flat_cost=True, step=0.006)
+    assert values.value(1, -3.0, 8, False) == 1.0 and values.mean[1] == 1.0  # never calibrated, exact
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    assert policy.candidates == [1, 8, 16, 32]
+    assert choose(policy, 8, -3.0, 8, False) == 1  # 3 tokens for 0.02 s < 1 token for 0.006 s
+    assert choose(policy, 8, -0.1, 1, True) == 32  # and back to speculation the next round, from state B=1
+    narrowed = BlockPolicy(DecodingConfig(block_size="auto", block_sizes=(8, 16, 32)), costs, values)
+    assert choose(narrowed, 8, -3.0, 8, False) == 8  # the paper's set: no fallback
+
+
+def test_block_sizes_outside_the_tables_are_refused():
+    costs, values = _tables(flat_cost=True)
+    with pytest.raises(ValueError, match=r"\[4\].*cost table"):
+        BlockPolicy(DecodingConfig(block_size="auto", block_sizes=(4, 8)), costs, values)
+
+
+def test_vectorised_values_equal_the_scalar_lookup():
+    table = fit(_synthetic_rounds(), block_sizes=(1, 8, 16, 32), num_bins=4)
+    vt = ValueTable(table)
+    g = torch.Generator().manual_seed(0)
+    s = -4 * torch.rand(50, generator=g)
+    s[:3] = float("nan")
+    prev = torch.tensor([1, 8, 16, 32, 5])[torch.randint(0, 5, (50,), generator=g)]
+    full = torch.rand(50, generator=g) < 0.5
+    for b in (1, 8, 16, 32):
+        fast = vt.values_for(b, s, prev, full).tolist()
+        slow = [vt.value(b, None if math.isnan(si) else si, pi, fi) for si, pi, fi in
+                zip(s.tolist(), prev.tolist(), full.tolist())]
+        assert fast == pytest.approx(slow), b
 
 
 def test_branch_rule_follows_measured_costs():
