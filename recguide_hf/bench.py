@@ -1,9 +1,13 @@
 """`recguide bench`: the concurrency frontier, measured with every method in the same run.
 
 Methods: `ar` (plain HF greedy `generate`, static batches of C), `hf-lookup` (HF assisted generation with
-prompt lookup; batch 1, so C = 1 only), `linear-8/16/32` (LinearSS, fixed B) and `recguide` (auto block
-size, branches by the cost rule). Engine methods run closed loop: C slots, a finished request's slot
-takes the next prompt. Methods are interleaved inside every (repeat, C) and their order rotates between
+prompt lookup) and `hf-assisted` (HF assisted generation with a small AR draft model, `assistant_model=`,
+HF's default schedule; `hf-assisted:num_assistant_tokens=4,assistant_confidence_threshold=0` for a fixed
+one): both batch 1 only, so C = 1 only; `linear-N` (LinearSS, fixed B = N) and `recguide` (auto block
+size, branches by the cost rule; `recguide:block_sizes=8,16,32` for the paper's candidates, any
+`recguide_*` setting likewise). HF methods run on the verifier alone (a folder's drafting adapter is
+not attached for them). Engine methods run closed loop: C slots, a finished request's slot takes the
+next prompt. Methods are interleaved inside every (repeat, C) and their order rotates between
 repeats, so machine drift hits all alike; figures are medians over repeats. Every method's greedy output
 is compared token for token with `ar` at C = 1 (batch 1, fp32).
 """
@@ -25,31 +29,51 @@ from .backbone import as_backbone
 from .config import DecodingConfig
 from .engine import Engine, SamplingSettings
 
-METHODS = ("ar", "hf-lookup", "linear-8", "linear-16", "linear-32", "recguide")
+METHODS = ("ar", "hf-lookup", "hf-assisted", "linear-2", "linear-4", "linear-8", "linear-16", "recguide",
+           "recguide:block_sizes=8,16,32")
+BASES = ("ar", "hf-lookup", "hf-assisted", "linear", "recguide")
+BATCH_ONE = ("hf-lookup", "hf-assisted")  # HF's assisted generation raises for batch > 1
+ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
 def parse_method(method: str) -> tuple[str, dict[str, str]]:
-    """`"recguide:rho=0,overlap=off"` -> ("recguide", {"recguide_rho": "0", "recguide_overlap": "off"}).
+    """`"recguide:rho=0,block_sizes=8,16,32"` -> ("recguide", {"recguide_rho": "0", "recguide_block_sizes": "8,16,32"}).
 
-    Only `recguide` takes overrides (any `recguide_*` setting without its prefix); they make ablations such as
-    the rho sweep of the adaptive policy one bench run with every variant interleaved.
+    `linear-N` -> ("linear", {"recguide_block_size": "N"}). `recguide` takes any `recguide_*` setting without its
+    prefix (ablations such as the rho sweep are then one bench run with every variant interleaved);
+    `hf-assisted` takes the assistant's schedule settings (ASSISTANT_KEYS). A comma followed by no `=` continues
+    the previous value, so lists need no quoting.
     """
-    base, _, rest = method.partition(":")
-    if base not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {METHODS} (recguide also as recguide:key=value,...)")
-    overrides = {}
+    head, _, rest = method.partition(":")
+    base = "linear" if head.startswith("linear-") and head[7:].isdigit() else head
+    if base not in BASES:
+        raise ValueError(f"unknown method {method!r}; choose from ar, hf-lookup, hf-assisted, linear-N, recguide "
+                         "(recguide and hf-assisted also as NAME:key=value,...)")
+    overrides: dict[str, str] = {"recguide_block_size": head[7:]} if base == "linear" else {}
+    key = None
     for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or base != "recguide":
-            raise ValueError(f"bad method {method!r}: only recguide takes overrides, as recguide:key=value,...")
-        overrides[f"recguide_{key.strip()}"] = value.strip()
+        name, eq, value = item.partition("=")
+        if not eq and key is not None:
+            overrides[key] += "," + item.strip()
+            continue
+        if not eq or base not in ("recguide", "hf-assisted"):
+            raise ValueError(f"bad method {method!r}: only recguide and hf-assisted take overrides, as NAME:key=value")
+        if base == "hf-assisted" and name.strip() not in ASSISTANT_KEYS:
+            raise ValueError(f"bad method {method!r}: hf-assisted takes {ASSISTANT_KEYS}")
+        key = f"recguide_{name.strip()}" if base == "recguide" else name.strip()
+        overrides[key] = value.strip()
     return base, overrides
+
+
+def _order_key(method: str):
+    base, overrides = parse_method(method)
+    return BASES.index(base), int(overrides.get("recguide_block_size", 0)) if base == "linear" else 0, method
 
 
 def _engine_config(method: str, gen_config) -> DecodingConfig:
     base_name, overrides = parse_method(method)
-    if base_name.startswith("linear-"):
-        return DecodingConfig(mode="linear", block_size=int(base_name.split("-")[1]))
+    if base_name == "linear":
+        return DecodingConfig(mode="linear", block_size=int(overrides["recguide_block_size"]))
     base = DecodingConfig.from_sources(gen_config)
     config = DecodingConfig(mode="recguide", block_size="auto", block_sizes=base.block_sizes,
                             cost_table=base.cost_table, value_table=base.value_table, rho=base.rho)
@@ -71,22 +95,64 @@ def _strip(ids: list[int], pad: int, eos: list[int]) -> list[int]:
     return out
 
 
-def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, lookup: bool) -> dict:
-    """Plain HF generate (or prompt lookup) in static batches of c; per-request latency = its batch's time."""
+class ForwardCounter:
+    """Counts a module's forward calls (HF's loops expose no statistics of their own)."""
+
+    def __init__(self, module):
+        self.calls = 0
+        self.handle = module.register_forward_pre_hook(self._count) if module is not None else None
+
+    def _count(self, module, args):
+        self.calls += 1
+
+    def remove(self):
+        if self.handle is not None:
+            self.handle.remove()
+
+
+def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str = "ar", assistant=None) -> dict:
+    """Plain HF generate, prompt lookup or assisted generation, in static batches of c; per-request latency =
+    its batch's time. Assisted methods also count verifier forwards (prefill excluded) and draft forwards."""
+    base, overrides = parse_method(method)
     pad = tokenizer.pad_token_id
     eos = [model.generation_config.eos_token_id]
+    kw = {}
+    if base == "hf-lookup":
+        kw = dict(prompt_lookup_num_tokens=10)
+    elif base == "hf-assisted":
+        if assistant is None:
+            raise ValueError("hf-assisted needs a draft model (recguide bench --assistant DIR)")
+        assistant.generation_config.update(**{k: _number(v) for k, v in overrides.items()})
+        kw = dict(assistant_model=assistant)
+    verifier, drafter = ForwardCounter(model if base in BATCH_ONE else None), ForwardCounter(kw.get("assistant_model"))
     records = []
     start = time.perf_counter()
-    for i in range(0, len(prompts), c):
-        enc = tokenizer(prompts[i:i + c], return_tensors="pt", padding=True)
-        t0 = time.perf_counter()
-        kw = dict(prompt_lookup_num_tokens=10) if lookup else {}
-        out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, recguide_mode="ar", **kw)
-        lat = time.perf_counter() - t0
-        for row in out[:, enc["input_ids"].shape[1]:].tolist():
-            ids = _strip(row, pad, eos)
-            records.append({"new_ids": ids, "new_tokens": len(ids), "latency": lat})
-    return {"records": records, "wall": time.perf_counter() - start, "engine_stats": None}
+    try:
+        for i in range(0, len(prompts), c):
+            enc = tokenizer(prompts[i:i + c], return_tensors="pt", padding=True)
+            t0 = time.perf_counter()
+            out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, recguide_mode="ar", **kw)
+            lat = time.perf_counter() - t0
+            for row in out[:, enc["input_ids"].shape[1]:].tolist():
+                ids = _strip(row, pad, eos)
+                records.append({"new_ids": ids, "new_tokens": len(ids), "latency": lat})
+    finally:
+        verifier.remove()
+        drafter.remove()
+    wall = time.perf_counter() - start
+    counts = None
+    if base in BATCH_ONE:  # one prefill per generate call; every later verifier call verifies one round
+        counts = {"verifier_forwards": verifier.calls - len(records), "draft_forwards": drafter.calls}
+    return {"records": records, "wall": wall, "engine_stats": None, "hf_counts": counts}
+
+
+def _number(value: str):
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
 
 
 def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str) -> dict:
@@ -112,6 +178,10 @@ def summarize(run: dict, reference: dict[int, list[int]] | None) -> dict:
         "per_request_tps": statistics.mean(r["new_tokens"] / r["latency"] for r in recs if r["latency"] > 0),
         "new_tokens": tokens, "wall_s": run["wall"], "num_requests": len(recs),
     }
+    if run.get("hf_counts"):  # HF assisted: one verifier forward per round
+        fwd = run["hf_counts"]["verifier_forwards"]
+        out.update(tpf=tokens / fwd if fwd else 0.0, tau=tokens / fwd if fwd else 0.0, rounds=fwd,
+                   draft_forwards=run["hf_counts"]["draft_forwards"])
     if "forwards" in recs[0]:
         fwd = sum(r["forwards"] for r in recs)
         rounds = sum(r["rounds"] for r in recs)
@@ -160,8 +230,12 @@ def environment(command: str) -> dict:
 
 def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(1, 2, 4, 8, 16, 32, 64),
           max_new_tokens: int = 64, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 8,
-          progress=None) -> dict:
-    """Run every (repeat, C, method), interleaved; return per (method, C) medians and the raw runs."""
+          progress=None, plain_model=None, assistant=None) -> dict:
+    """Run every (repeat, C, method), interleaved; return per (method, C) medians and the raw runs.
+
+    `plain_model`: the verifier alone, for the HF methods and the reference outputs (default: `model`);
+    `assistant`: the draft model of `hf-assisted`."""
+    plain = plain_model if plain_model is not None else model
     for m in methods:
         parse_method(m)
     raw: dict[tuple[str, int], list[dict]] = {}
@@ -169,20 +243,20 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
     n_max = min(len(prompts), max(max(concurrencies) * prompts_per_slot, min_prompts))
     # reference outputs: plain HF greedy at batch 1 (untimed), one per prompt
     for i, p in enumerate(prompts[:n_max]):
-        ref = run_hf(model, tokenizer, [p], 1, max_new_tokens, lookup=False)
+        ref = run_hf(plain, tokenizer, [p], 1, max_new_tokens)
         reference[i] = ref["records"][0]["new_ids"]
         if progress is not None:
             progress.set_description("reference outputs")
     for rep in range(repeats):
         for c in concurrencies:
             n = min(len(prompts), max(c * prompts_per_slot, min_prompts))
-            order = [m for m in methods if not (m == "hf-lookup" and c != 1)]
+            order = [m for m in methods if not (parse_method(m)[0] in BATCH_ONE and c != 1)]
             order = order[rep % len(order):] + order[:rep % len(order)]
             for m in order:
                 if progress is not None:
                     progress.set_description(f"repeat {rep + 1}/{repeats} C={c} {m}")
-                if m in ("ar", "hf-lookup"):
-                    run = run_hf(model, tokenizer, prompts[:n], c, max_new_tokens, lookup=m == "hf-lookup")
+                if parse_method(m)[0] in ("ar", *BATCH_ONE):
+                    run = run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m, assistant)
                 else:
                     run = run_engine(model, tokenizer, prompts[:n], c, max_new_tokens, m)
                 raw.setdefault((m, c), []).append(summarize(run, reference))
@@ -199,7 +273,7 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
                 row[key] = value
         row["equal_to_ar"] = all(r.get("equal_to_ar", True) for r in runs)
         rows.append(row)
-    rows.sort(key=lambda r: (METHODS.index(parse_method(r["method"])[0]), r["method"], r["concurrency"]))
+    rows.sort(key=lambda r: (_order_key(r["method"]), r["concurrency"]))
     return {"rows": rows, "settings": {"methods": list(methods), "concurrencies": list(concurrencies),
                                        "max_new_tokens": max_new_tokens, "repeats": repeats,
                                        "num_prompts": n_max}}
@@ -228,7 +302,7 @@ def adaptive_table(result: dict, method: str = "recguide") -> tuple[str, float |
              "|---|---|---|---|---|---|---|"]
     ratios = []
     for c in sorted({c for _, c in by}):
-        fixed = [by[(m, c)] for m in ("linear-8", "linear-16", "linear-32") if (m, c) in by]
+        fixed = [r for (m, cc), r in by.items() if cc == c and parse_method(m)[0] == "linear"]
         if not fixed or (method, c) not in by:
             continue
         best = max(fixed, key=lambda r: r["aggregate_tps"])
@@ -243,6 +317,29 @@ def adaptive_table(result: dict, method: str = "recguide") -> tuple[str, float |
     if mean is not None:
         lines.append(f"| mean | | | | x{mean:.2f} | | |")
     return "\n".join(lines), mean
+
+
+def fastest_other_table(result: dict, method: str = "recguide") -> tuple[str, float | None]:
+    """Per C: `method` vs the fastest OTHER method in the run (AR and every peer included), aggregate tokens/s.
+
+    Returns the Markdown table and the smallest ratio over C (None if `method` did not run)."""
+    by_c: dict[int, list[dict]] = {}
+    for r in result["rows"]:
+        by_c.setdefault(r["concurrency"], []).append(r)
+    lines = [f"| C | fastest other method | its tok/s | {method} tok/s | ratio | = AR |", "|---|---|---|---|---|---|"]
+    ratios = []
+    for c in sorted(by_c):
+        ours = [r for r in by_c[c] if r["method"] == method]
+        others = [r for r in by_c[c] if r["method"] != method]
+        if not ours or not others:
+            continue
+        best = max(others, key=lambda r: r["aggregate_tps"])
+        ratio = ours[0]["aggregate_tps"] / best["aggregate_tps"]
+        ratios.append(ratio)
+        eq = "yes" if ours[0]["equal_to_ar"] and best["equal_to_ar"] else "NO"
+        lines.append(f"| {c} | {best['method']} | {best['aggregate_tps']:.1f} | {ours[0]['aggregate_tps']:.1f} | "
+                     f"x{ratio:.2f} | {eq} |")
+    return "\n".join(lines), (min(ratios) if ratios else None)
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
@@ -301,6 +398,15 @@ def write_outputs(result: dict, out_dir: Path) -> list[Path]:
     md = [f"Command: `{env['command']}`", "",
           f"Hardware: {env['hardware']} ({env['threads']} threads); torch {env['torch']}, transformers "
           f"{env['transformers']}; commit {env['git_commit']}; {env['date']}", "", markdown_table(result), ""]
+    assisted = [r for r in result["rows"] if parse_method(r["method"])[0] == "hf-assisted"]
+    if any(parse_method(r["method"])[0] in BATCH_ONE for r in result["rows"]):
+        md += ["HF assisted generation (hf-lookup, hf-assisted) is batch 1 only: it runs at C = 1 and is n/a beyond. "
+               "Its TPF and tau are tokens per verifier forward (one per round)"
+               + "".join(f"; {r['method']} also ran {r['draft_forwards'] / r['new_tokens']:.2f} draft-model "
+                         "forwards per token" for r in assisted) + ".", ""]
+    table, low = fastest_other_table(result)
+    if low is not None:
+        md += ["RecGuide (default settings) against the fastest other method at each concurrency:", "", table, ""]
     table, mean = adaptive_table(result)
     if mean is not None:
         md += ["RecGuide (auto block size) against the best fixed-block LinearSS at each concurrency:", "", table, ""]

@@ -169,8 +169,9 @@ class PendingBlocks:
         k = hits.block.ids.shape[1]
         self.has[hit_rows] = True
         self.ids[hit_rows, :k] = hits.block.ids
-        self.margin[hit_rows, :k] = hits.block.margin
-        self.correction[hit_rows, :k] = hits.block.correction
+        if hits.block.margin is not None:
+            self.margin[hit_rows, :k] = hits.block.margin
+            self.correction[hit_rows, :k] = hits.block.correction
         if hits.block.probs is not None:
             if self.probs is None:
                 self.probs = torch.zeros(*self.ids.shape, hits.block.probs.shape[-1], device=self.ids.device)

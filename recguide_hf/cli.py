@@ -16,11 +16,13 @@ from .config import BLOCK_SIZES
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "model_cards" / "recguide-tiny"
 
 
-def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu", adapter: str | None = None):
+def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu", adapter: str | None = None,
+         **model_kwargs):
     """Tokenizer and model from a folder (default: the bundled recguide-tiny), offline, trust_remote_code.
 
     `adapter`: a PEFT adapter folder (NLD's drafting LoRA) attached on top; the engine routes it to draft
-    tokens only, so the verifier still runs the base weights."""
+    tokens only, so the verifier still runs the base weights. `model_kwargs` go to `from_pretrained`
+    (e.g. `draft_adapter=False`: the bundled model without its drafting adapter)."""
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -32,7 +34,7 @@ def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu",
     auto_map = getattr(AutoConfig.from_pretrained(path, trust_remote_code=True), "auto_map", None) or {}
     # NLD-style folders register only AutoModel (encoder + diffusion head, no causal-LM class)
     auto_class = AutoModel if auto_map and "AutoModelForCausalLM" not in auto_map else AutoModelForCausalLM
-    model = auto_class.from_pretrained(path, trust_remote_code=True, dtype=torch_dtype)
+    model = auto_class.from_pretrained(path, trust_remote_code=True, dtype=torch_dtype, **model_kwargs)
     if adapter:
         try:
             from peft import PeftModel
@@ -156,7 +158,7 @@ def cmd_calibrate(args) -> int:
 def cmd_bench(args) -> int:
     from tqdm import tqdm
 
-    from .bench import METHODS, bench, environment, markdown_table, write_outputs
+    from .bench import BATCH_ONE, METHODS, bench, environment, markdown_table, parse_method, write_outputs
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
     from prompts import load_mixed
@@ -164,15 +166,29 @@ def cmd_bench(args) -> int:
     if args.quick:
         args.concurrency, args.max_new_tokens, args.repeats = [1, 4], 32, 1
         args.prompts_per_slot, args.min_prompts = 1, 4
+        args.methods = args.methods or ["ar", "hf-lookup", "hf-assisted", "linear-4", "linear-16", "recguide"]
     tokenizer, model = load(args.model, "fp32", args.device)
+    plain = None
+    if getattr(model, "peft_config", None) or any("lora_" in n for n, _ in model.named_parameters()):
+        plain = load(args.model, "fp32", args.device, draft_adapter=False)[1]  # HF methods: the verifier alone
+    assistant = None
     methods = args.methods or list(METHODS)
+    if args.assistant and Path(args.assistant).exists():
+        from transformers import AutoModelForCausalLM
+
+        assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype="float32").to(args.device).eval()
+    elif any(m.startswith("hf-assisted") for m in methods):
+        if args.methods and not args.quick:
+            raise SystemExit(f"hf-assisted needs a draft model folder; {args.assistant} not found (--assistant DIR)")
+        methods = [m for m in methods if not m.startswith("hf-assisted")]
+        print(f"no draft model at {args.assistant}: hf-assisted left out")
     n = max(max(args.concurrency) * args.prompts_per_slot, args.min_prompts)
     prompts = load_mixed((n + 1) // 2)
-    steps = args.repeats * sum(len([m for m in methods if not (m == "hf-lookup" and c != 1)])
+    steps = args.repeats * sum(len([m for m in methods if not (parse_method(m)[0] in BATCH_ONE and c != 1)])
                                for c in args.concurrency)
     with tqdm(total=steps, desc="bench") as bar:
         result = bench(model, tokenizer, prompts, methods, args.concurrency, args.max_new_tokens, args.repeats,
-                       args.prompts_per_slot, args.min_prompts, bar)
+                       args.prompts_per_slot, args.min_prompts, bar, plain_model=plain, assistant=assistant)
     result["environment"] = environment(args.command_line)
     files = write_outputs(result, Path(args.out))
     print(markdown_table(result))
@@ -230,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="the concurrency frontier: all methods, one run, interleaved")
     b.add_argument("--model", default=None)
-    b.add_argument("--methods", nargs="+", default=None, help="default: all")
+    b.add_argument("--methods", nargs="+", default=None, help="default: all (see `recguide_hf/bench.py`)")
+    b.add_argument("--assistant", default=str(BUNDLED_MODEL.parent / "recguide-tiny-assistant"),
+                   help="draft model folder for hf-assisted (default: the bundled one)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     b.add_argument("--max-new-tokens", type=int, default=64,
                    help="per request (64 keeps the default run within 30 minutes on 2 CPU cores)")

@@ -23,26 +23,29 @@ class DraftBlock:
     """Drafted tokens d_1 .. d_K per row, with what mismatch prediction needs from their logits."""
 
     ids: torch.Tensor  # [R, K]
-    margin: torch.Tensor  # [R, K] top-1 minus top-2 draft probability (MASK excluded)
-    correction: torch.Tensor  # [R, K] best token that is not MASK, EOS or the drafted token
+    margin: torch.Tensor | None  # [R, K] top-1 minus top-2 draft probability (MASK excluded); None: not needed
+    correction: torch.Tensor | None  # [R, K] best token that is not MASK, EOS or the drafted token
     probs: torch.Tensor | None = None  # [R, K, V] draft distribution, only when sampling
 
 
 def make_draft(draft_logits: torch.Tensor, mask_token_id: int, eos_token_ids: list[int],
-               temperature: float | None = None) -> DraftBlock:
+               temperature: float | None = None, with_risk: bool = True) -> DraftBlock:
     """Pick drafts at each position: argmax (greedy) or a sample from softmax(logits / temperature).
 
     Args:
         draft_logits: [R, K, V] logits at the drafted positions (a MASK at j predicts the token at j).
+        with_risk: also the margins and correction tokens branches need (a vocabulary-wide softmax and top-2
+            per position: skipped when no branch can ride this round).
     """
     logits = mask_out(draft_logits.float(), [mask_token_id])
-    probs = torch.softmax(logits, dim=-1)
-    top2 = probs.topk(2, dim=-1).values  # [R, K, 2]
     if temperature is None:
         ids, sample_probs = logits.argmax(-1), None
     else:
         sample_probs = torch.softmax(logits / max(temperature, 1e-5), dim=-1)
         ids = torch.multinomial(sample_probs.flatten(0, 1), 1).view(sample_probs.shape[:2])
+    if not with_risk:
+        return DraftBlock(ids, None, None, sample_probs)
+    top2 = torch.softmax(logits, dim=-1).topk(2, dim=-1).values  # [R, K, 2]
     others = mask_out(logits, list(eos_token_ids))
     others.scatter_(2, ids[:, :, None], float("-inf"))
     return DraftBlock(ids, top2[..., 0] - top2[..., 1], others.argmax(-1), sample_probs)

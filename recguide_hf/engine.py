@@ -65,6 +65,7 @@ class Engine:
         self.stopper = stopper or StopChecker([], settings.pad_token_id)
         self.policy = policy or BlockPolicy.from_config(config, base_dir)
         self.mask_id = backbone.mask_token_id
+        self.wants_entropy = self.policy.auto  # the certainty signal costs a vocabulary-wide pass per round
         self.split_streams, self._side_stream = self._streams_setup(config.overlap)
 
     def _streams_setup(self, overlap: str):
@@ -92,6 +93,7 @@ class Engine:
         self._allocate(*input_ids.shape)
         if log_rounds:
             self.stats.round_log = []
+        self.wants_entropy = self.policy.auto or log_rounds
         self._admit(torch.arange(input_ids.shape[0], device=device), input_ids, pads)
         while self._step():
             pass
@@ -198,10 +200,11 @@ class Engine:
         remaining = self.settings.max_new_tokens - self.count[rows]
         eff = remaining.clamp(max=block)  # [R] tokens this round may emit = verifier segment length
         seeds = self.seq[rows, self.prompt_width + self.count[rows] - 1]
+        branches_on = (block > 1 and self.config.branches_enabled and self.policy.branches_on(rows.numel(), block))
         # 1. draft (rows whose block a branch already drafted skip the draft forward)
-        draft = self._draft(rows, seeds, eff, block)
+        draft = self._draft(rows, seeds, eff, block, with_risk=branches_on)
         # 2. verify, with this round's branches riding in the same forward
-        plan = self._plan(draft, eff, block)
+        plan = self._plan(draft, eff, block) if branches_on else None
         target_logits, branch_logits = self._verify(rows, seeds, draft.ids, eff, plan)
         # 3. accept
         block_ids = torch.cat([seeds[:, None], draft.ids], dim=1)
@@ -216,10 +219,13 @@ class Engine:
         self.pending.store(rows, hits)
         if plan is not None:
             self.policy.observe(rows.numel(), int((hits.kind >= 0).sum()), int((plan.kind >= 0).sum()))
+        # the certainty signal is read only by the auto policy (and calibration's round log)
+        entropy = verifier_entropy(scores, verdict.num_accepted, eff) if self.wants_entropy else None
         self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
-                                verifier_entropy(scores, verdict.num_accepted, eff))
+                                entropy)
 
-    def _draft(self, rows: torch.Tensor, seeds: torch.Tensor, eff: torch.Tensor, block: int) -> DraftBlock:
+    def _draft(self, rows: torch.Tensor, seeds: torch.Tensor, eff: torch.Tensor, block: int,
+               with_risk: bool) -> DraftBlock:
         """Drafts d_1 .. d_{block-1} for every row of the bucket (from a branch hit or a draft forward)."""
         have, draft = self.pending.take(rows, block - 1)
         if self.settings.do_sample and draft.probs is None:
@@ -238,16 +244,14 @@ class Engine:
         logits = self._forward(sub, ids, offsets, intra, draft_mask=valid)  # [S, q, V]
         self.stats.record_forward(sub, q)
         temperature = self.settings.draft_temperature if self.settings.do_sample else None
-        fresh = make_draft(logits[:, 1:], self.mask_id, self.settings.eos_token_ids, temperature)
+        fresh = make_draft(logits[:, 1:], self.mask_id, self.settings.eos_token_ids, temperature, with_risk)
         for name in ("ids", "margin", "correction", "probs"):
             target = getattr(draft, name)
-            if target is not None:
+            if target is not None and getattr(fresh, name) is not None:
                 target[need, : q - 1] = getattr(fresh, name)
         return draft
 
-    def _plan(self, draft: DraftBlock, eff: torch.Tensor, block: int) -> br.BranchPlan | None:
-        if block == 1 or not self.config.branches_enabled or not self.policy.branches_on(eff.numel(), block):
-            return None
+    def _plan(self, draft: DraftBlock, eff: torch.Tensor, block: int) -> br.BranchPlan:
         risky = risky_positions(draft, eff - 1, self.config.delta, self.config.max_corrections)
         return br.plan(risky, eff, block, self.config.continuation, self.mask_id)
 

@@ -68,10 +68,12 @@ class Stats:
         for r in rows.tolist():
             self.block_sizes[r][block] += 1
         if self.round_log is not None:
-            for r, n, k, e in zip(rows.tolist(), num_accepted.tolist(), draft_len.tolist(), entropy.tolist()):
+            ents = entropy.tolist() if entropy is not None else [float("nan")] * rows.numel()
+            for r, n, k, e in zip(rows.tolist(), num_accepted.tolist(), draft_len.tolist(), ents):
                 self.round_log.append((r, block, n, k, e))
-        self.entropy[rows, 1] = self.entropy[rows, 0]
-        self.entropy[rows, 0] = entropy.float().cpu()
+        if entropy is not None:  # None: nobody reads the certainty signal in this run
+            self.entropy[rows, 1] = self.entropy[rows, 0]
+            self.entropy[rows, 0] = entropy.float().cpu()
         self.last_block[rows] = block
         self.last_full[rows] = (num_accepted >= draft_len).cpu()
 

@@ -17,8 +17,9 @@ def test_bench_quick(tmp_path, monkeypatch):
         assert (tmp_path / name).stat().st_size > 0, name
     result = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["method"], r["concurrency"]): r for r in result["rows"]}
-    assert set(rows) == {(m, c) for m in ("ar", "linear-8", "linear-16", "linear-32", "recguide") for c in (1, 4)} | {
-        ("hf-lookup", 1)}
+    has_assistant = (BUNDLED_MODEL.parent / "recguide-tiny-assistant").exists()
+    batch_one = {("hf-lookup", 1)} | ({("hf-assisted", 1)} if has_assistant else set())
+    assert set(rows) == {(m, c) for m in ("ar", "linear-4", "linear-16", "recguide") for c in (1, 4)} | batch_one
     assert all(r["equal_to_ar"] for r in rows.values())  # greedy output equals plain HF greedy, every method
     for m in ("linear-16", "recguide"):
         r = rows[(m, 1)]
@@ -31,11 +32,16 @@ def test_bench_quick(tmp_path, monkeypatch):
 def test_method_overrides_and_adaptive_table():
     from transformers import GenerationConfig
 
-    from recguide_hf.bench import _engine_config, adaptive_table, parse_method
+    from recguide_hf.bench import _engine_config, adaptive_table, fastest_other_table, parse_method
 
-    assert parse_method("linear-8") == ("linear-8", {})
+    assert parse_method("linear-8") == ("linear", {"recguide_block_size": "8"})
     assert parse_method("recguide:rho=0,overlap=off") == ("recguide", {"recguide_rho": "0", "recguide_overlap": "off"})
-    for bad in ("linear-12", "linear-8:rho=1", "recguide:rho", "recguide:speed=9"):
+    assert parse_method("recguide:block_sizes=8,16,32,rho=1") == (
+        "recguide", {"recguide_block_sizes": "8,16,32", "recguide_rho": "1"})
+    assert parse_method("hf-assisted:num_assistant_tokens=4") == ("hf-assisted", {"num_assistant_tokens": "4"})
+    assert _engine_config("linear-2", GenerationConfig()).block_size == 2
+    assert _engine_config("recguide:block_sizes=8,16,32", GenerationConfig()).block_sizes == (8, 16, 32)
+    for bad in ("linear-99", "linear-8:rho=1", "recguide:rho", "recguide:speed=9", "hf-assisted:rho=1", "fast"):
         with pytest.raises(ValueError):
             _engine_config(bad, GenerationConfig())
     gc = GenerationConfig(recguide_block_sizes=[8, 32], recguide_cost_table="c.json")
@@ -52,3 +58,7 @@ def test_method_overrides_and_adaptive_table():
     table, mean = adaptive_table(result)
     assert mean == pytest.approx((150 / 120 + 180 / 200) / 2)
     assert "| 2 | linear-16 | 120.0 | 150.0 | x1.25 |" in table and "| NO |" in table and "| 8 |" not in table
+    result["rows"].append(row("ar", 4, 250))
+    table, low = fastest_other_table(result)
+    assert low == pytest.approx(180 / 250)  # at C=4 plain AR is the fastest other method
+    assert "| 4 | ar | 250.0 | 180.0 | x0.72 |" in table and "| 2 | linear-16 | 120.0 | 150.0 | x1.25 |" in table
