@@ -78,12 +78,15 @@ def cmd_generate(args) -> int:
     line = f"{stats['new_tokens']} tokens in {elapsed:.2f}s: {stats['tokens_per_s']:.1f} tokens/s"
     if "tpf" in stats:
         line += f", TPF {stats['tpf']:.2f}, tau {stats['tau']:.2f}"
+        line += f"; block mix {dict(sorted(stats['block_sizes'].items()))}"
         if stats.get("branch_rounds"):
             h = stats["hits"]
             line += (f"; branch hits: correction_1 {h['correction_1']}, correction_2 {h['correction_2']}, "
                      f"continuation {h['continuation']} (coverage {stats['coverage']:.0%}, "
                      f"{stats['forwards_saved']} forwards saved)")
     print(line)
+    if "branches" in stats:
+        print(f"branches: {stats['branches']}")
     return 0
 
 

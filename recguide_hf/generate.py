@@ -8,7 +8,11 @@ The model folder's `custom_generate/generate.py` is a shim that calls this funct
 
 from __future__ import annotations
 
+import atexit
 import copy
+import logging
+import os
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +32,13 @@ from .backbone import as_backbone
 from .config import DecodingConfig
 from .engine import Engine, SamplingSettings
 from .processors import ScoreProcessor
+from .stats import branch_status
 from .stopping import StopChecker
+
+logger = logging.getLogger("recguide_hf")
+if os.environ.get("RECGUIDE_LOG_LEVEL"):  # e.g. RECGUIDE_LOG_LEVEL=INFO: see RecGuide's lines in lm-eval runs
+    logger.setLevel(os.environ["RECGUIDE_LOG_LEVEL"].upper())
+    logger.addHandler(logging.StreamHandler())
 
 
 @dataclass
@@ -112,12 +122,46 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     engine = Engine(backbone, config, settings, ScoreProcessor(logits_processor, backbone.mask_token_id),
                     StopChecker(stopping_criteria, pad_id), base_dir=getattr(model.config, "_name_or_path", None))
     sequences, stats = engine.generate(input_ids, model_kwargs.get("attention_mask"))
+    summary = stats.as_dict()
+    summary["branches"] = branch_status(config.branches_enabled, summary)
+    _RUN.record(config, summary)
     if streamer is not None:
         streamer.put(sequences[:, input_ids.shape[1]:].cpu())
         streamer.end()
     if generation_config.return_dict_in_generate:
-        return RecGuideGenerateOutput(sequences=sequences, recguide_stats=stats.as_dict())
+        return RecGuideGenerateOutput(sequences=sequences, recguide_stats=summary)
     return sequences
+
+
+class _RunLog:
+    """What this process decoded with RecGuide, for the `recguide_hf` logger (silent unless its level is INFO):
+    one line at the first `generate` call (so an lm-eval run shows RecGuide is in use) and one with the totals
+    at exit; DEBUG adds a line per call."""
+
+    def __init__(self):
+        self.calls, self.new_tokens, self.forwards, self.rounds, self.blocks = 0, 0, 0, 0, Counter()
+
+    def record(self, config: DecodingConfig, summary: dict):
+        self.calls += 1
+        self.new_tokens += summary["new_tokens"]
+        self.forwards += summary["request_forwards"]
+        self.rounds += summary["rounds"]
+        self.blocks.update(summary["block_sizes"])
+        line = (f"mode={config.mode} block_size={config.block_size} TPF {summary['tpf']:.2f} tau {summary['tau']:.2f}"
+                f" block mix {dict(sorted(summary['block_sizes'].items()))} branches {summary['branches']}")
+        if self.calls == 1:
+            logger.info("RecGuide decoding (first generate call): %s", line)
+            atexit.register(self.totals)
+        else:
+            logger.debug("RecGuide generate call %d: %s", self.calls, line)
+
+    def totals(self):
+        logger.info("RecGuide totals over %d generate calls: %d new tokens, TPF %.2f, tau %.2f, block mix %s",
+                    self.calls, self.new_tokens, self.new_tokens / max(self.forwards, 1),
+                    self.new_tokens / max(self.rounds, 1), dict(sorted(self.blocks.items())))
+
+
+_RUN = _RunLog()
 
 
 # ---------------------------------------------------------------- models without HF's GenerationMixin

@@ -108,3 +108,16 @@ class Stats:
         total["total_query_tokens"] = self.total_query_tokens
         total["per_request"] = [self._summary(i) for i in range(n)]
         return total
+
+
+def branch_status(branches_enabled: bool, summary: dict) -> str:
+    """One line saying whether RecGuide's branches rode in the verify forwards, and if not, why."""
+    if not branches_enabled:
+        return "off (LinearSS, or recguide_overlap='off')"
+    if summary["branch_rounds"]:
+        share = summary["branch_rounds"] / summary["rounds"] if summary["rounds"] else 0.0
+        return f"on in {share:.0%} of rounds, coverage {summary['coverage']:.0%}"
+    if set(summary["block_sizes"]) <= {1}:
+        return "off: every round was a plain decoding step (B = 1)"
+    return ("off in every round: the cost table says their extra query tokens cost more than the draft forwards "
+            "they would save at this hit rate (`recguide profile` measures it for this hardware)")

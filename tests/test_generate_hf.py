@@ -89,3 +89,29 @@ def test_recguide_generate_accepts_model_first(folder):
     a = recguide_hf.generate(folder, ids, max_new_tokens=5)
     b = folder.generate(ids, max_new_tokens=5)
     assert torch.equal(a, b)
+
+
+def test_stats_say_whether_branches_rode_and_why_not(folder, tmp_path):
+    """Without a cost table branches ride every round; a cost table that prices them out turns them off, and the
+    statistics say so in words (the CLI prints that line)."""
+    assert stats_of(folder, recguide_mode="linear")["branches"].startswith("off (LinearSS")
+    assert stats_of(folder)["branches"].startswith("on in 100% of rounds")
+    dear = tmp_path / "dear.json"
+    dear.write_text('{"costs": {"1": {"5": {"draft": 0.001, "verify": [0.01, 1.0, 2.0, 3.0]}}}}')
+    assert stats_of(folder, recguide_cost_table=str(dear))["branches"].startswith("off in every round: the cost table")
+    assert stats_of(folder, recguide_block_size=1)["branches"].startswith("off: every round was a plain decoding step")
+
+
+def test_first_call_logs_one_info_line(folder, caplog):
+    """lm-eval's stock backend shows no sign of RecGuide otherwise: the `recguide_hf` logger says it at INFO."""
+    import importlib
+
+    gen_module = importlib.import_module("recguide_hf.generate")  # the package exports the function by that name
+    gen_module._RUN = gen_module._RunLog()  # as in a fresh process
+    with caplog.at_level("INFO", logger="recguide_hf"):
+        stats_of(folder)
+        stats_of(folder)
+        lines = [r.getMessage() for r in caplog.records if r.name == "recguide_hf" and r.levelname == "INFO"]
+        assert len(lines) == 1 and "RecGuide decoding (first generate call): mode=recguide block_size=5 TPF" in lines[0]
+        gen_module._RUN.totals()  # what atexit prints
+    assert "RecGuide totals over 2 generate calls" in caplog.records[-1].getMessage()
