@@ -4,9 +4,15 @@
 
 * held-out AR loss / perplexity per corpus (code, prose) on fixed windows of the held-out files;
 * LinearSS mean tokens per round (tau) at B = 8, 16, 32, greedy, 128 new tokens, on HumanEval prompts
-  and held-out Shakespeare passages (the engine's own statistics);
+  and held-out Shakespeare passages (the engine's own round log);
+* novel-text tau: the same mean over rounds none of whose emitted tokens completes an 8-gram that already
+  occurs earlier in that sequence (prompt included), so a reader sees how much of tau is loops;
+* the acceptance profile: P(first k drafts accepted), k = 1..8, over full-size rounds;
 * mean distinct-4-gram ratio of the greedy continuations (1.0 = no repeated 4-gram; loops score low);
-* whether LinearSS output equalled plain HF greedy for every prompt (lossless check).
+* whether LinearSS output equalled plain HF greedy for every prompt (lossless check);
+* sampling (temperature 0.8, LinearSS at `--parity-block`): TPF and tau.
+
+`--no-adapter` measures the folder without its drafting adapter (`draft_lora/`): the drafter before it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_prompts  # noqa: E402
 
 import recguide_hf  # noqa: E402
+from recguide_hf.backbone import as_backbone  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
+from recguide_hf.config import DecodingConfig  # noqa: E402
+from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
 
 
 def distinct4(tokens: list[int]) -> float:
@@ -57,24 +66,69 @@ def heldout_loss(model, tokenizer, corpus_dir: Path, windows: int = 64, seq_len:
     return out
 
 
+def novel_rounds(tokens: list[int], spans: list[tuple[int, int]], n: int = 8) -> list[bool]:
+    """For each round's span [start, end) of `tokens`: True when no token in it completes an n-gram that already
+    occurs earlier in `tokens` (an earlier start)."""
+    first_seen: dict[tuple, int] = {}
+    repeat_end = [False] * len(tokens)  # token i completes an n-gram seen before
+    for i in range(n - 1, len(tokens)):
+        gram = tuple(tokens[i - n + 1:i + 1])
+        if gram in first_seen:
+            repeat_end[i] = True
+        else:
+            first_seen[gram] = i
+    return [not any(repeat_end[a:b]) for a, b in spans]
+
+
 def run_set(model, tokenizer, prompts: list[str], block: int, max_new: int, batch: int, check_parity: bool):
-    taus, d4, equal, new_tokens, rounds = [], [], True, 0, 0
+    """LinearSS at `block` through the engine with its round log: tau, novel-text tau, acceptance profile."""
+    eos = model.generation_config.eos_token_id
+    emitted, novel, accepted, d4, equal = [], [], [], [], True
     for i in tqdm(range(0, len(prompts), batch), desc=f"B={block}", leave=False):
         enc = tokenizer(prompts[i:i + batch], return_tensors="pt", padding=True)
-        out = recguide_hf.generate(model, **enc, max_new_tokens=max_new, recguide_mode="linear",
-                                   recguide_block_size=block, return_dict_in_generate=True)
+        settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos], pad_token_id=tokenizer.pad_token_id)
+        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block), settings)
+        seqs, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
         width = enc["input_ids"].shape[1]
-        for r, req in enumerate(out.recguide_stats["per_request"]):
-            taus.append(req["tau"])
-            new_tokens += req["new_tokens"]
-            rounds += req["rounds"]
-            toks = [t for t in out.sequences[r, width:].tolist() if t != tokenizer.pad_token_id]
+        per_row: dict[int, list[tuple[int, int]]] = {}
+        for row, _, n, k, _ in stats.round_log:
+            per_row.setdefault(row, []).append((n, k))
+        for r, rounds in per_row.items():
+            count = int(stats.new_tokens[r])
+            prompt = enc["input_ids"][r][enc["attention_mask"][r].bool()].tolist()
+            toks = seqs[r, width:width + count].tolist()
+            spans, start = [], len(prompt)
+            for n, k in rounds:
+                end = min(start + n + 1, len(prompt) + count)
+                spans.append((start, end))
+                start = end
+                if k == block - 1:  # a full-size round: its accepted count is the acceptance profile
+                    accepted.append(n)
+            flags = novel_rounds(prompt + toks, spans)
+            emitted += [b - a for a, b in spans]
+            novel += [b - a for (a, b), f in zip(spans, flags) if f]
             d4.append(distinct4(toks))
         if check_parity:
             ref = model.generate(**enc, max_new_tokens=max_new, recguide_mode="ar", do_sample=False)
-            equal &= torch.equal(ref, out.sequences)
-    return {"tau": new_tokens / rounds, "tau_mean_per_request": float(np.mean(taus)),
+            equal &= torch.equal(ref[:, :seqs.shape[1]], seqs) and ref.shape == seqs.shape
+    acc = np.asarray(accepted)
+    return {"tau": float(np.mean(emitted)), "novel_tau": float(np.mean(novel)) if novel else None,
+            "novel_round_share": len(novel) / len(emitted),
+            "accept_profile": [float((acc >= k).mean()) for k in range(1, 9)] if len(acc) else None,
             "distinct4": float(np.mean(d4)), "equal_to_hf_greedy": equal if check_parity else None,
+            "num_prompts": len(prompts), "rounds": len(emitted)}
+
+
+def sampling(model, tokenizer, prompts: list[str], block: int, max_new: int, batch: int, temperature: float) -> dict:
+    torch.manual_seed(0)
+    new = fwd = rounds = 0
+    for i in range(0, len(prompts), batch):
+        enc = tokenizer(prompts[i:i + batch], return_tensors="pt", padding=True)
+        s = recguide_hf.generate(model, **enc, max_new_tokens=max_new, recguide_mode="linear", do_sample=True,
+                                 temperature=temperature, recguide_block_size=block,
+                                 return_dict_in_generate=True).recguide_stats
+        new, fwd, rounds = new + s["new_tokens"], fwd + s["request_forwards"], rounds + s["rounds"]
+    return {"temperature": temperature, "block": block, "tpf": new / fwd, "tau": new / rounds,
             "num_prompts": len(prompts)}
 
 
@@ -89,9 +143,11 @@ def main(argv=None):
     p.add_argument("--humaneval-prompts", type=int, default=164)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--parity-block", type=int, default=16, help="also compare with HF greedy at this B")
+    p.add_argument("--no-adapter", action="store_true", help="without the folder's drafting adapter (draft_lora/)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling run (0: none)")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
-    tokenizer, model = load(args.model, "fp32")
+    tokenizer, model = load(args.model, "fp32", **({"draft_adapter": False} if args.no_adapter else {}))
     start = time.time()
     result = {"num_parameters": sum(p.numel() for p in model.parameters()), "heldout": heldout_loss(
         model, tokenizer, args.corpus)}
@@ -103,6 +159,11 @@ def main(argv=None):
             res = run_set(model, tokenizer, prompts, block, args.max_new_tokens, args.batch, block == args.parity_block)
             result["linear_ss"][f"{name}_B{block}"] = res
             print(name, block, json.dumps(res), flush=True)
+        if args.temperature > 0:
+            res = sampling(model, tokenizer, prompts, args.parity_block, args.max_new_tokens, args.batch,
+                           args.temperature)
+            result.setdefault("sampling", {})[name] = res
+            print(name, "sampling", json.dumps(res), flush=True)
     result["seconds"] = time.time() - start
     result["command"] = "python " + " ".join(sys.argv)
     print(json.dumps(result, indent=1))
