@@ -302,8 +302,10 @@ def train(args):
     bar.close()
     record({"loss": round(loss.item(), 4), "ce": round(ce.item(), 4)})
     save(student, opt, params, state, args.run)
+    teacher = args.teacher_data.with_suffix(".json")
     (args.run / "final" / "distill_log.json").write_text(json.dumps(
-        {"args": {k: str(v) for k, v in vars(args).items()}, "trainable_parameters": num_params, **state}, indent=1))
+        {"args": {k: str(v) for k, v in vars(args).items()}, "trainable_parameters": num_params,
+         "teacher_data": json.loads(teacher.read_text()) if teacher.exists() else None, **state}, indent=1))
 
 
 def save(student, opt, params, state, run: Path):

@@ -2,8 +2,10 @@
 
     python eval/update_readme.py
 
-Reads eval/results/bench.md (+ its PNGs), eval/results/engine.json, model_cards/recguide-tiny/eval_results.json
-and eval/results/lm_eval_parity.json when present, and rewrites the text between the results markers.
+Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/round_profile*.json, eval/results/engine.json,
+model_cards/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and rewrites the
+text between the results markers, the speed sentence of the introduction (between the speed markers) and the
+round-time table of "How it works" (between the round markers).
 """
 
 from __future__ import annotations
@@ -15,6 +17,87 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+SPEED = ("<!-- speed:start -->", "<!-- speed:end -->")
+ROUND = ("<!-- round:start -->", "<!-- round:end -->")
+CARDS = ROOT / "model_cards"
+
+
+def replace_between(text: str, markers: tuple[str, str], body: str) -> str:
+    start, end = markers
+    if start not in text:
+        raise SystemExit(f"README.md has no {start} marker")
+    head, rest = text.split(start, 1)
+    return head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+
+
+def speed_sentence(bench: dict) -> str:
+    """Where RecGuide (default settings) is faster than plain AR decoding in the latest bench, and where not."""
+    by = {(r["method"], r["concurrency"]): r for r in bench["rows"]}
+    cs = sorted(c for m, c in by if m == "recguide" and ("ar", c) in by)
+    ratio = {c: by[("recguide", c)]["aggregate_tps"] / by[("ar", c)]["aggregate_tps"] for c in cs}
+    faster = [c for c in cs if ratio[c] >= 1.0]
+    slower = [c for c in cs if ratio[c] < 1.0]
+    env = bench["environment"]
+
+    def span(group):
+        return ", ".join(f"C={c} (x{ratio[c]:.2f})" for c in group)
+
+    parts = []
+    if faster:
+        parts.append(f"RecGuide is faster than plain AR decoding at {span(faster)}")
+    if slower:
+        parts.append(("and slower at " if faster else "RecGuide is slower than plain AR decoding at ") + span(slower))
+    lossless = all(r["equal_to_ar"] for r in bench["rows"])
+    return (f"**Measured on the bundled model** (latest `recguide bench`, {env['hardware']}, {env['threads']} threads, "
+            f"commit {env['git_commit']}; aggregate tokens/s, C = requests in flight): " + " ".join(parts) + ". "
+            f"Every method's greedy output equalled plain HF greedy: {'yes' if lossless else 'NO'}. "
+            "On a GPU the balance differs; see Results for every method and the commands.")
+
+
+def round_table(res: Path) -> str:
+    """Where a round's time goes, before and after the lean-round work (eval/round_profile.py)."""
+    files = [("before", res / "round_profile_before.json"), ("now", res / "round_profile.json")]
+    rows = ["| engine | C | B | ms per round | in forwards | outside forwards | plain step vs HF step |",
+            "|---|---|---|---|---|---|---|"]
+    cmds = []
+    for label, path in files:
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        cmds.append(f"{label}: `{data['command']}` (commit {data.get('git_commit', '?')})")
+        for row in data["results"]:
+            for b, v in row["blocks"].items():
+                step = f"x{v['step_vs_hf']:.2f}" if v.get("step_vs_hf") else "-"
+                rows.append(f"| {label} | {row['C']} | {b} | {v['ms_per_round']:.1f} | {v['forward_ms_per_round']:.1f} "
+                            f"| {v['outside_share']:.0%} | {step} |")
+    if not cmds:
+        return "(run `python eval/round_profile.py --out eval/results/round_profile.json`)"
+    return "\n".join(rows) + "\n\nMeasured with " + "; ".join(cmds) + " on an idle CPU."
+
+
+def peers_table() -> list[str]:
+    """What each speculative method costs beyond the verifier: parameters and memory, from the bundled folders."""
+    main = json.loads((CARDS / "recguide-tiny" / "config.json").read_text())
+    lora = CARDS / "recguide-tiny" / "draft_lora" / "adapter_model.safetensors"
+    assistant = CARDS / "recguide-tiny-assistant"
+    kv_per_token = lambda cfg: 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4  # noqa: E731
+    lines = ["| method | what drafts | extra parameters | extra memory |", "|---|---|---|---|",
+             "| ar | nothing (HF `generate`) | 0 | 0 |",
+             "| hf-lookup | n-grams of the prompt (HF prompt lookup) | 0 | 0 |"]
+    if (assistant / "config.json").exists():
+        cfg = json.loads((assistant / "config.json").read_text())
+        log = json.loads((assistant / "distill_log.json").read_text())
+        size = (assistant / "model.safetensors").stat().st_size
+        lines.append(f"| hf-assisted | a separate {cfg['num_hidden_layers']}-layer AR draft model "
+                     f"(HF `assistant_model`) | {log['trainable_parameters'] / 1e6:.1f}M ({size / 1e6:.0f} MB) | "
+                     f"its weights + its own KV cache ({kv_per_token(cfg) / 1e3:.0f} kB per token) |")
+    if lora.exists():
+        log = json.loads((lora.parent / "distill_log.json").read_text())
+        lines.append(f"| linear-N, recguide | the verifier itself in block-diffusion mode, plus a drafting LoRA "
+                     f"| {log['trainable_parameters'] / 1e6:.1f}M ({lora.stat().st_size / 1e6:.1f} MB) | the LoRA; "
+                     f"draft and branch tokens use scratch slots of the verifier's cache (no second cache; the "
+                     f"verifier's is {kv_per_token(main) / 1e3:.0f} kB per token) |")
+    return lines
 
 
 def settings_line(bench: dict) -> str:
@@ -75,7 +158,9 @@ def main():
                   "from a shared 2-core machine: compare ratios within one table, not across runs.", "",
                   "![frontier](eval/results/frontier.png)", "", settings_line(bench), "", fastest(bench), "",
                   (res / "bench.md").read_text().strip(), "",
-                  "![TPF and tau](eval/results/tpf_tau.png)", ""]
+                  "![TPF and tau](eval/results/tpf_tau.png)", "",
+                  "The peers in that table, and what each costs beyond the verifier (12M parameters):", "",
+                  *peers_table(), ""]
     rho = res / "rho" / "bench.json"
     if rho.exists():
         from recguide_hf.bench import markdown_table
@@ -109,11 +194,11 @@ def main():
                   f"{he['humaneval_B16']['distinct4']:.2f}).", ""]
     lines.append(END)
     block = "\n".join(lines)
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.replace("RESULTS_PLACEHOLDER", block)
+    head, rest = text.split(START, 1)
+    text = head + block + rest.split(END, 1)[1]
+    if (res / "bench.json").exists():
+        text = replace_between(text, SPEED, speed_sentence(json.loads((res / "bench.json").read_text())))
+    text = replace_between(text, ROUND, round_table(res))
     readme.write_text(text)
     print("README results section updated")
 
