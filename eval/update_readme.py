@@ -22,12 +22,12 @@ ROUND = ("<!-- round:start -->", "<!-- round:end -->")
 CARDS = ROOT / "model_cards"
 
 
-def replace_between(text: str, markers: tuple[str, str], body: str) -> str:
+def replace_between(text: str, markers: tuple[str, str], body: str, sep: str = "\n") -> str:
     start, end = markers
     if start not in text:
         raise SystemExit(f"README.md has no {start} marker")
     head, rest = text.split(start, 1)
-    return head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+    return head + start + sep + body + sep + end + rest.split(end, 1)[1]
 
 
 def speed_sentence(bench: dict) -> str:
@@ -51,7 +51,8 @@ def speed_sentence(bench: dict) -> str:
     return (f"**Measured on the bundled model** (latest `recguide bench`, {env['hardware']}, {env['threads']} threads, "
             f"commit {env['git_commit']}; aggregate tokens/s, C = requests in flight): " + " ".join(parts) + ". "
             f"Every method's greedy output equalled plain HF greedy: {'yes' if lossless else 'NO'}. "
-            "On a GPU the balance differs; see Results for every method and the commands.")
+            "Other hardware has other costs (`recguide profile` measures them); Results has every method and the "
+            "commands.")
 
 
 def round_table(res: Path) -> str:
@@ -73,6 +74,31 @@ def round_table(res: Path) -> str:
     if not cmds:
         return "(run `python eval/round_profile.py --out eval/results/round_profile.json`)"
     return "\n".join(rows) + "\n\nMeasured with " + "; ".join(cmds) + " on an idle CPU."
+
+
+def threads_note(res: Path) -> str:
+    """The thread-count advice, from eval/contention.py's measurement."""
+    path = res / "contention.json"
+    if not path.exists():
+        return "(run `python eval/contention.py --out eval/results/contention.json`)"
+    data = json.loads(path.read_text())
+    by = {(r["threads"], r["mode"]): r for r in data["rows"]}
+    parts = []
+    for threads in sorted({t for t, _ in by}, reverse=True):
+        ar, rg = by[(threads, "ar")], by[(threads, "recguide")]
+        parts.append(f"with {threads} torch thread{'s' if threads > 1 else ''}, `ar` x{ar['slowdown']:.2f} and "
+                     f"`recguide` x{rg['slowdown']:.2f} (busy / idle; idle `recguide` took "
+                     f"x{rg['idle_s'] / ar['idle_s']:.2f} the time of `ar`)")
+    env = data["environment"]
+    one = by.get((1, "recguide"))
+    many = max((r for r in data["rows"] if r["mode"] == "recguide"), key=lambda r: r["threads"])
+    advice = ("so on a shared machine set `OMP_NUM_THREADS=1` (or `torch.set_num_threads(1)`) for decoding."
+              if one and one["busy_s"] < many["busy_s"] else
+              "so on this machine extra threads still paid under contention.")
+    return (f"A process competing for the same cores slows every small forward, and a speculative round runs more "
+            f"small operations per token than a plain step, each one a parallel region that waits for the slowest "
+            f"thread. Measured with `{env['command']}` ({env['hardware']}, commit {env['git_commit']}): with a "
+            f"1-thread matrix-product loop running beside it, " + "; ".join(parts) + ", " + advice)
 
 
 def peers_table() -> list[str]:
@@ -199,6 +225,7 @@ def main():
     if (res / "bench.json").exists():
         text = replace_between(text, SPEED, speed_sentence(json.loads((res / "bench.json").read_text())))
     text = replace_between(text, ROUND, round_table(res))
+    text = replace_between(text, ("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), sep="")
     readme.write_text(text)
     print("README results section updated")
 
