@@ -50,13 +50,14 @@ class Backbone:
         return RowCache.for_model(self.model, num_rows, capacity)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                cache, draft_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+                cache, draft_mask: torch.Tensor | bool | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits `[R, Q, V]` (or the last `logits_to_keep` positions).
 
         Args:
             input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive;
             draft_mask: [R, Q] bool, True for tokens computed in draft mode: the drafting adapter (if any)
-                applies exactly there; the attention mode itself comes from the mask.
+                applies exactly there (`True`: every token; None: none); the attention mode itself comes from
+                the mask.
         """
         with route(self.lora_layers, draft_mask):
             return self._forward(input_ids, position_ids, attention_mask, cache, logits_to_keep)

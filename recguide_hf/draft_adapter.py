@@ -53,16 +53,20 @@ def set_adapters(layers: list, enabled: bool):
 
 
 @contextmanager
-def route(layers: list, draft_mask: torch.Tensor | None):
-    """Adapters off for every token; the LoRA delta added back where `draft_mask` [R, Q] is True."""
+def route(layers: list, draft_mask: torch.Tensor | bool | None):
+    """Adapters off for every token; the LoRA delta added back where `draft_mask` [R, Q] is True.
+
+    `draft_mask=True`: every token is a draft token (a draft forward), so PEFT's own forward applies the LoRA with
+    no selection; `None` / `False`: no draft token, the base weights alone.
+    """
     if not layers:
         yield
         return
     saved = [m._disable_adapters for m in layers]
     handles = []
     try:
-        set_adapters(layers, False)  # PEFT's forward is then exactly base_layer(x)
-        if draft_mask is not None:
+        set_adapters(layers, draft_mask is True)  # off: PEFT's forward is then exactly base_layer(x)
+        if isinstance(draft_mask, torch.Tensor):
             select = draft_mask[:, :, None]
             hook = lambda module, args, output: _add_lora(module, args[0], output, select)
             handles = [m.register_forward_hook(hook) for m in layers]

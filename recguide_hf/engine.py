@@ -241,7 +241,8 @@ class Engine:
         valid = torch.arange(q, device=rows.device)[None, :] < sub_eff[:, None]  # [S, q]
         intra = block_intra(sub.numel(), q, rows.device) & valid[:, None, :]
         offsets = torch.arange(q, device=rows.device).expand(sub.numel(), -1)
-        logits = self._forward(sub, ids, offsets, intra, draft_mask=valid)  # [S, q, V]
+        # every token is a draft token (padding past a row's eff is invisible to the others and never committed)
+        logits = self._forward(sub, ids, offsets, intra, draft_mask=True)  # [S, q, V]
         self.stats.record_forward(sub, q)
         temperature = self.settings.draft_temperature if self.settings.do_sample else None
         fresh = make_draft(logits[:, 1:], self.mask_id, self.settings.eos_token_ids, temperature, with_risk)
@@ -266,11 +267,11 @@ class Engine:
         valid = torch.arange(q, device=rows.device)[None, :] < eff[:, None]
         intra = causal_intra(r, q, rows.device) & valid[:, None, :]
         offsets = torch.arange(q, device=rows.device).expand(r, -1)
-        draft_mask = torch.zeros(r, q, dtype=torch.bool, device=rows.device)
-        if plan is None:
-            logits = self._forward(rows, ids, offsets, intra, draft_mask=draft_mask)
+        if plan is None:  # verifier tokens only: the base weights alone
+            logits = self._forward(rows, ids, offsets, intra)
             self.stats.record_forward(rows, q)
             return logits, None
+        draft_mask = torch.zeros(r, q, dtype=torch.bool, device=rows.device)
         full = br.append_segments(plan, ids, offsets, intra, draft_mask)
         if self.split_streams:
             return self._verify_two_streams(rows, (ids, offsets, intra, draft_mask), full, q)

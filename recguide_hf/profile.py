@@ -23,10 +23,17 @@ from .config import BLOCK_SIZES
 from .masks import block_intra, build_mask, causal_intra, positions
 
 
-def _time_forward(backbone, cache, rows, q, intra, repeats):
+def _time_forward(backbone, cache, rows, q, intra, repeats, draft_from: int | None = None):
+    """Median seconds of one forward of q tokens per row; tokens from `draft_from` on are draft tokens (the
+    drafting adapter, if any, applies to them as in the engine)."""
     lengths = cache.lengths[rows.cpu()].to(rows.device)
     pads = torch.zeros_like(lengths)
     ids = torch.randint(4, backbone.vocab_size, (rows.numel(), q), device=rows.device)
+    draft_mask = None  # as the engine passes it: none, all (a draft forward) or the branch segments
+    if draft_from == 0:
+        draft_mask = True
+    elif draft_from is not None:
+        draft_mask = (torch.arange(q, device=rows.device) >= draft_from).expand(rows.numel(), -1)
     times = []
     for i in range(repeats + 1):
         binding = cache.prepare(rows, q)
@@ -36,7 +43,7 @@ def _time_forward(backbone, cache, rows, q, intra, repeats):
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        backbone.forward(ids, pos, mask, cache, draft_mask=None)
+        backbone.forward(ids, pos, mask, cache, draft_mask=draft_mask)
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
         if i:  # the first call is warm-up
@@ -61,9 +68,10 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
                 step = _time_forward(backbone, cache, rows, 1, causal_intra(c, 1, device), repeats)
                 entry = {"draft": 0.0, "verify": [step] * 4}
             else:
-                entry = {"draft": _time_forward(backbone, cache, rows, b, block_intra(c, b, device), repeats)}
-                entry["verify"] = [
-                    _time_forward(backbone, cache, rows, b * (1 + s), causal_intra(c, b * (1 + s), device), repeats)
+                entry = {"draft": _time_forward(backbone, cache, rows, b, block_intra(c, b, device), repeats, 0)}
+                entry["verify"] = [  # S branch segments after the verifier's b tokens are draft tokens
+                    _time_forward(backbone, cache, rows, b * (1 + s), causal_intra(c, b * (1 + s), device), repeats,
+                                  b if s else None)
                     for s in range(4)
                 ]
             table[str(c)][str(b)] = entry

@@ -32,7 +32,11 @@ class MockBackbone(Backbone):
 
     def forward(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
         num_rows, q = input_ids.shape
-        self.calls.append((num_rows, q, int(draft_mask.sum()) if draft_mask is not None else 0))
+        if draft_mask is True:  # a draft forward: every token
+            num_draft = num_rows * q
+        else:
+            num_draft = int(draft_mask.sum()) if draft_mask is not None else 0
+        self.calls.append((num_rows, q, num_draft))
         logits = torch.zeros(num_rows, q, self.vocab)
         is_mask = input_ids == MASK
         nxt = self.true[(position_ids + 1).clamp(max=len(self.true) - 1)]
