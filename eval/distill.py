@@ -4,6 +4,8 @@
     python eval/distill.py --student adapter --minutes 60 --run runs/adapter \
         [--init model_cards/recguide-tiny/draft_lora]        # resumes from the committed adapter
     python eval/distill.py --student assistant --minutes 60 --run runs/assistant
+    python eval/distill.py --run runs/adapter --export-to model_cards/recguide-tiny/draft_lora
+    python eval/distill.py --run runs/assistant --export-to model_cards/recguide-tiny-assistant
 
 Both students learn the same thing from the same data: what the verifier emits. Each step runs the frozen
 verifier once, causally and under no_grad, over rows of `[real-text prompt | verifier's greedy continuation]`
@@ -316,6 +318,21 @@ def save(student, opt, params, state, run: Path):
     os.replace(run / "ckpt.pt.tmp", run / "ckpt.pt")
 
 
+def export(run: Path, to: Path, teacher_data: Path):
+    """Copy a run's final student (adapter or model folder) and its log to `to`, with the teacher-data report."""
+    import shutil
+
+    to.mkdir(parents=True, exist_ok=True)
+    for f in (run / "final").iterdir():
+        shutil.copy2(f, to / f.name)
+    log = json.loads((to / "distill_log.json").read_text())
+    report = Path(log["args"].get("teacher_data", teacher_data)).with_suffix(".json")
+    if not log.get("teacher_data") and report.exists():
+        log["teacher_data"] = json.loads(report.read_text())
+        (to / "distill_log.json").write_text(json.dumps(log, indent=1))
+    print(f"exported {run / 'final'} -> {to}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--student", choices=["adapter", "assistant"], default="adapter")
@@ -343,7 +360,12 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    train(p.parse_args(argv))
+    p.add_argument("--export-to", type=Path, default=None, help="copy RUN/final there instead of training")
+    args = p.parse_args(argv)
+    if args.export_to:
+        export(args.run, args.export_to, args.teacher_data)
+    else:
+        train(args)
 
 
 if __name__ == "__main__":

@@ -127,8 +127,9 @@ class Engine:
                 self._admit(rows, ids, pads)
             self._step()
             now = time.perf_counter()
+            finished = self.finished.tolist()  # one read instead of one per slot
             for r in range(slots):
-                if owner[r] >= 0 and bool(self.finished[r]):
+                if owner[r] >= 0 and finished[r]:
                     n = int(self.count[r])
                     rec = {"new_ids": self.seq[r, width:width + n].tolist(), "latency": now - started[r],
                            **self.stats.row_summary(r)}
