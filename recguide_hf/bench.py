@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import GenerationMixin
 
 from .backbone import as_backbone
 from .config import DecodingConfig
@@ -131,7 +132,8 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
         for i in range(0, len(prompts), c):
             enc = tokenizer(prompts[i:i + c], return_tensors="pt", padding=True)
             t0 = time.perf_counter()
-            out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, recguide_mode="ar", **kw)
+            # HF's own generate (what recguide_mode="ar" runs), also for models without the folder's custom generate
+            out = GenerationMixin.generate(model, **enc, max_new_tokens=max_new, do_sample=False, **kw)
             lat = time.perf_counter() - t0
             for row in out[:, enc["input_ids"].shape[1]:].tolist():
                 ids = _strip(row, pad, eos)

@@ -62,3 +62,32 @@ def test_method_overrides_and_adaptive_table():
     table, low = fastest_other_table(result)
     assert low == pytest.approx(180 / 250)  # at C=4 plain AR is the fastest other method
     assert "| 4 | ar | 250.0 | 180.0 | x0.72 |" in table and "| 2 | linear-16 | 120.0 | 150.0 | x1.25 |" in table
+
+
+def test_hf_assisted_rows_count_verifier_and_draft_forwards():
+    """hf-assisted on tiny models: output = plain greedy, tokens per verifier forward and draft forwards counted."""
+    from conftest import tiny_model
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from recguide_hf.bench import run_hf, summarize
+
+    vocab = {f"t{i}": i for i in range(96)}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="t2", padding_side="left")
+    verifier = tiny_model(seed=5)
+    assistant = tiny_model(seed=5, layers=1)  # a different (shallower) model with the same vocabulary
+    prompts = ["t5 t9 t17 t30", "t8 t44 t12"]
+    ref_run = run_hf(verifier, tok, prompts, 1, 12, "ar")
+    ref = summarize(ref_run, None)
+    refs = {i: r["new_ids"] for i, r in enumerate(ref_run["records"])}
+    run = run_hf(verifier, tok, prompts, 1, 12, "hf-assisted:num_assistant_tokens=3,assistant_confidence_threshold=0",
+                 assistant=assistant)
+    out = summarize(run, refs)
+    assert out["equal_to_ar"] and out["new_tokens"] == ref["new_tokens"]
+    counts = run["hf_counts"]
+    assert 0 < counts["verifier_forwards"] <= out["new_tokens"] and counts["draft_forwards"] > 0
+    assert out["tpf"] == out["new_tokens"] / counts["verifier_forwards"]
+    with pytest.raises(ValueError, match="draft model"):
+        run_hf(verifier, tok, prompts, 1, 4, "hf-assisted")
