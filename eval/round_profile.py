@@ -28,6 +28,7 @@ from prompts import load_mixed  # noqa: E402
 
 from recguide_hf import branches  # noqa: E402
 from recguide_hf.backbone import as_backbone  # noqa: E402
+from recguide_hf.bench import environment  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
@@ -143,8 +144,9 @@ def main(argv=None):
             }
         print(json.dumps(row), flush=True)
         results.append(row)
-    out = {"results": results, "tokens": args.tokens, "repeats": args.repeats,
-           "command": "python " + " ".join(sys.argv), "torch_threads": torch.get_num_threads()}
+    command = "python " + " ".join(sys.argv)
+    out = {"results": results, "tokens": args.tokens, "repeats": args.repeats, "command": command,
+           "environment": environment(command)}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1) + "\n")

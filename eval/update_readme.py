@@ -65,7 +65,9 @@ def round_table(res: Path) -> str:
         if not path.exists():
             continue
         data = json.loads(path.read_text())
-        cmds.append(f"{label}: `{data['command']}` (commit {data.get('git_commit', '?')})")
+        env = data["environment"]
+        cmds.append(f"{label}: `{data['command']}` (commit {env['git_commit']}, {env['hardware']}, "
+                    f"{env['threads']} threads)")
         for row in data["results"]:
             for b, v in row["blocks"].items():
                 step = f"x{v['step_vs_hf']:.2f}" if v.get("step_vs_hf") else "-"
