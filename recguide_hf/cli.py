@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, help="model folder (default: the bundled recguide-tiny)")
     g.add_argument("--adapter", default=None, help="PEFT adapter folder for drafting (NLD's LoRA)")
     g.add_argument("--mode", default="recguide", choices=["ar", "linear", "recguide"])
-    g.add_argument("--block-size", default=None, help='1..64 (1: plain decoding steps) or "auto" (default: the model\'s generation config)')
+    g.add_argument("--block-size", default=None,
+                   help='1..64 (1: plain decoding steps) or "auto" (default: the model\'s generation config)')
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--do-sample", action="store_true")
     g.add_argument("--temperature", type=float, default=1.0)
