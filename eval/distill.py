@@ -53,7 +53,7 @@ from prompts import load_prompts  # noqa: E402
 from teacher_data import greedy  # noqa: E402
 from train import TeacherBatches, draft_blocks  # noqa: E402
 
-from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, save_draft_adapter, set_adapters  # noqa: E402,I001
+from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter  # noqa: E402
 from recguide_hf.modeling import RecGuideForCausalLM, additive_mask  # noqa: E402
 
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -92,26 +92,22 @@ class AdapterStudent:
     def __init__(self, verifier, args):
         self.model = verifier
         if args.init:
-            self.layers = attach_draft_adapter(verifier, args.init)
-            for name, p in verifier.named_parameters():
-                p.requires_grad_("lora_" in name)
+            self.adapter = attach_draft_adapter(verifier, args.init)
+            self.adapter.requires_grad_(True)
         else:
-            self.layers = add_draft_adapter(verifier, args.rank, args.alpha, args.targets)
+            self.adapter = add_draft_adapter(verifier, args.rank, args.alpha, args.targets)
         self.mask_id = verifier.config.mask_token_id
 
     def parameters(self):
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return list(self.adapter.parameters())
 
     def block_logits(self, cache, x, valid, lo, block, num_blocks, gen):
         ids, pos, labels, _, allowed = draft_blocks(x.cpu(), block, num_blocks, self.mask_id, gen, lo=lo,
                                                     valid=valid.cpu())
         dev = x.device
-        set_adapters(self.layers, True)
-        try:
+        with route(self.adapter, True):  # every block token is a draft token
             logits = self.model(input_ids=ids.to(dev), position_ids=pos.to(dev),
                                 attention_mask=additive_mask(allowed.to(dev)), cache=cache, use_cache=True).logits
-        finally:
-            set_adapters(self.layers, False)
         cache.crop(-ids.shape[1])  # drop the block keys: the clean prefix is all later passes may see
         block_pos = torch.arange(block).repeat(num_blocks).expand_as(pos)
         return logits, pos.to(dev), (labels != -100).float().to(dev), block_pos.to(dev)
@@ -140,12 +136,9 @@ class AdapterStudent:
         sees_clean = (col[None, :] < anchors[:, None]).repeat_interleave(block, 0)  # [A*B, L]
         blk = torch.arange(a).repeat_interleave(block)
         allowed = torch.cat([sees_clean, blk[:, None] == blk[None, :]], -1)[None, None].expand(n, 1, -1, -1)
-        set_adapters(self.layers, True)
-        try:
+        with route(self.adapter, True):
             logits = self.model(input_ids=ids.view(n, -1), position_ids=pos, attention_mask=additive_mask(allowed),
                                 cache=cache, use_cache=True).logits
-        finally:
-            set_adapters(self.layers, False)
         cache.crop(-a * block)
         logits[..., self.mask_id] = float("-inf")
         drafts = logits.argmax(-1).view(n, a, block)[:, :, 1:]

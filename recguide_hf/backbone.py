@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .cache import RowCache
-from .draft_adapter import lora_layers, route
+from .draft_adapter import find_adapter, route
 
 
 class Backbone:
@@ -27,7 +27,7 @@ class Backbone:
         self.mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, "mask_token_id", None)
         if self.mask_token_id is None:
             raise ValueError("The model's config has no `mask_token_id`; pass mask_token_id= to use it for drafting")
-        self.lora_layers = lora_layers(model)
+        self.adapter, self.lora_layers = find_adapter(model)
 
     @property
     def device(self) -> torch.device:
@@ -59,7 +59,7 @@ class Backbone:
                 applies exactly there (`True`: every token; None: none); the attention mode itself comes from
                 the mask.
         """
-        with route(self.lora_layers, draft_mask):
+        with route(self.adapter, draft_mask, self.lora_layers):
             return self._forward(input_ids, position_ids, attention_mask, cache, logits_to_keep)
 
     def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):

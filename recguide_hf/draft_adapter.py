@@ -2,31 +2,76 @@
 
 A self-speculative model may draft with extra low-rank weights on top of the shared backbone (NLD-8B: a PEFT
 LoRA on `o_proj`; this project's bundled model: a LoRA on every linear layer). The verifier must never see
-them. Routing is per token, so one fused forward can mix verifier and draft tokens:
+them. Routing is per token, so one fused forward can mix verifier and draft tokens: for the duration of a
+forward that has draft tokens, a forward hook on each adapted `Linear` adds `scaling * B(A(x))` where the
+engine's `draft_mask` is True (everywhere for a draft forward). A forward without draft tokens registers
+nothing, so verifier tokens get bit-for-bit the base weights' output and a verify-only forward costs exactly
+what the base model costs (no wrapper modules stay in the model between forwards).
 
-* every LoRA layer runs with its adapters disabled, so PEFT returns exactly `base_layer(x)`;
-* a forward hook adds the LoRA delta back only where the engine's `draft_mask` is True (`torch.where`).
-
-Verifier tokens therefore get bit-for-bit the base weights' output. Outside a routed forward the adapters
-stay disabled, so plain `model(...)` / `model.generate(...)` is the verifier alone.
-
-On disk the adapter is a PEFT LoRA folder (`adapter_config.json` + `adapter_model.safetensors`, keys as
-`PeftModel.save_pretrained` writes them); a model folder carries it as `draft_lora/` beside its weights.
+Two sources, one mechanism (`DraftAdapter`):
+* a folder's `draft_lora/` (PEFT LoRA format: `adapter_config.json` + `adapter_model.safetensors`, loadable by
+  `PeftModel.from_pretrained` too) attached by `attach_draft_adapter` as the model's `draft_adapter` submodule;
+* PEFT LoRA layers already injected in a model (NLD + `PeftModel`): their weights are read in place and the PEFT
+  layers are kept disabled during our forwards (PEFT's forward is then exactly `base_layer(x)`), restored after.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 ADAPTER_DIR = "draft_lora"
 _PREFIX = "base_model.model."
 
 
-def lora_layers(module) -> list:
+class DraftAdapter(nn.Module):
+    """Low-rank deltas `scaling * B A` for named `Linear` layers of a model, applied by `route` only.
+
+    Args:
+        linears: {module name: the model's Linear} to adapt (held by reference, not registered here).
+        rank, alpha: LoRA rank r and alpha (scaling = alpha / r, as PEFT's default).
+    """
+
+    def __init__(self, linears: dict[str, nn.Linear], rank: int, alpha: float, target_modules: list[str]):
+        super().__init__()
+        self.names = list(linears)
+        self._linears = list(linears.values())  # a plain list: the model already owns these modules
+        self.lora_A = nn.ParameterList(nn.Parameter(torch.empty(rank, m.in_features, dtype=m.weight.dtype,
+                                                                device=m.weight.device)) for m in self._linears)
+        self.lora_B = nn.ParameterList(nn.Parameter(torch.zeros(m.out_features, rank, dtype=m.weight.dtype,
+                                                                device=m.weight.device)) for m in self._linears)
+        for a in self.lora_A:  # PEFT's default init: A random, B zero, so a fresh adapter changes nothing
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        self.rank, self.alpha, self.target_modules = rank, alpha, list(target_modules)
+
+    def entries(self):
+        """(linear, A [r, in], B [out, r], scaling) per adapted layer."""
+        scaling = self.alpha / self.rank
+        return [(m, a, b, scaling) for m, a, b in zip(self._linears, self.lora_A, self.lora_B)]
+
+
+class PeftLayers:
+    """The same view over PEFT LoRA layers injected in a model (NLD's drafting LoRA under a `PeftModel`)."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+
+    def entries(self):
+        out = []
+        for m in self.layers:
+            for name in m.active_adapters:
+                if name in m.lora_A:
+                    out.append((m.base_layer, m.lora_A[name].weight, m.lora_B[name].weight, m.scaling[name]))
+        return out
+
+
+def peft_lora_layers(module) -> list:
     """PEFT LoRA layers inside `module` (empty without PEFT or without adapters)."""
     try:
         from peft.tuners.lora import Linear as LoraLinear
@@ -46,103 +91,106 @@ def lora_layers(module) -> list:
     return layers
 
 
-def set_adapters(layers: list, enabled: bool):
-    """Switch the LoRA delta on or off for every token (training uses this; decoding routes per token)."""
-    for m in layers:
-        m._disable_adapters = not enabled
+def find_adapter(model) -> tuple[DraftAdapter | PeftLayers | None, list]:
+    """The model's drafting adapter (native `draft_adapter` or PEFT layers) and its PEFT layers (to keep off)."""
+    native = getattr(model, "draft_adapter", None)
+    layers = peft_lora_layers(model)
+    if native is not None and layers:
+        raise ValueError("The model has both a `draft_adapter` and PEFT LoRA layers; keep one drafting adapter")
+    if native is not None:
+        return native, []
+    return (PeftLayers(layers) if layers else None), layers
 
 
 @contextmanager
-def route(layers: list, draft_mask: torch.Tensor | bool | None):
-    """Adapters off for every token; the LoRA delta added back where `draft_mask` [R, Q] is True.
+def route(adapter, draft_mask: torch.Tensor | bool | None, peft_layers: list = ()):
+    """Apply `adapter`'s deltas to the draft tokens of the forwards run inside this block.
 
-    `draft_mask=True`: every token is a draft token (a draft forward), so PEFT's own forward applies the LoRA with
-    no selection; `None` / `False`: no draft token, the base weights alone.
+    Args:
+        draft_mask: [R, Q] bool (the draft tokens), `True` (every token: a draft forward) or None / False (none:
+            nothing is registered, the forward is the base model's).
+        peft_layers: PEFT LoRA layers to keep disabled meanwhile (their delta comes from the hooks instead).
     """
-    if not layers:
-        yield
-        return
-    saved = [m._disable_adapters for m in layers]
+    saved = [m._disable_adapters for m in peft_layers]
     handles = []
     try:
-        set_adapters(layers, draft_mask is True)  # off: PEFT's forward is then exactly base_layer(x)
-        if isinstance(draft_mask, torch.Tensor):
-            select = draft_mask[:, :, None]
-            hook = lambda module, args, output: _add_lora(module, args[0], output, select)
-            handles = [m.register_forward_hook(hook) for m in layers]
+        for m in peft_layers:
+            m._disable_adapters = True  # PEFT's forward is then exactly base_layer(x)
+        if adapter is not None and draft_mask is not None and draft_mask is not False:
+            select = None if draft_mask is True else draft_mask[:, :, None]
+            for linear, a, b, scaling in adapter.entries():
+                hook = _delta_hook(a, b, scaling, select)
+                handles.append(linear.register_forward_hook(hook))
         yield
     finally:
         for h in handles:
             h.remove()
-        for m, flag in zip(layers, saved):
+        for m, flag in zip(peft_layers, saved):
             m._disable_adapters = flag
 
 
-def _add_lora(module, x: torch.Tensor, base: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-    """PEFT's LoRA sum (same operations as `peft.tuners.lora.Linear.forward`), kept only where `select`.
-
-    The delta is computed for every token and then selected, so finding the draft tokens needs no host sync;
-    at LoRA rank << hidden size that costs a small fraction of the base layer.
-    """
-    adapted = base
-    for name in module.active_adapters:
-        if name not in module.lora_A:
-            continue
-        lora_a, lora_b = module.lora_A[name], module.lora_B[name]
-        xa = x.to(lora_a.weight.dtype)
-        adapted = adapted + lora_b(lora_a(module.lora_dropout[name](xa))) * module.scaling[name]
-    return torch.where(select.to(base.device), adapted.to(base.dtype), base)
+def _delta_hook(a: torch.Tensor, b: torch.Tensor, scaling: float, select: torch.Tensor | None):
+    def hook(module, args, output):
+        x = args[0]
+        delta = F.linear(F.linear(x.to(a.dtype), a), b) * scaling
+        adapted = output + delta.to(output.dtype)
+        return adapted if select is None else torch.where(select.to(output.device), adapted, output)
+    return hook
 
 
-def add_draft_adapter(model, rank: int, alpha: float, target_modules: list[str]) -> list:
-    """Inject a fresh LoRA (B = 0, so it starts as the identity) into `model` in place; returns its layers,
-    disabled. The base weights are frozen, the LoRA weights trainable."""
-    from peft import LoraConfig, inject_adapter_in_model
+def _targets(model, target_modules: list[str]) -> dict[str, nn.Linear]:
+    found = {name: m for name, m in model.named_modules()
+             if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in target_modules}
+    if not found:
+        raise ValueError(f"No Linear layer of {type(model).__name__} is named one of {target_modules}")
+    return found
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none")
-    inject_adapter_in_model(config, model)
-    model._draft_lora_config = config
-    for name, p in model.named_parameters():
-        p.requires_grad_("lora_" in name)
-    layers = lora_layers(model)
-    set_adapters(layers, False)
-    return layers
+
+def add_draft_adapter(model, rank: int, alpha: float, target_modules: list[str]) -> DraftAdapter:
+    """Attach a fresh drafting adapter (the identity until trained) as `model.draft_adapter`; the base weights are
+    frozen, the adapter's trainable."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.draft_adapter = DraftAdapter(_targets(model, target_modules), rank, alpha, target_modules)
+    return model.draft_adapter
 
 
 def save_draft_adapter(model, directory: str | Path):
-    """Write the adapter as a PEFT LoRA folder (loadable by `PeftModel.from_pretrained` too)."""
+    """Write `model.draft_adapter` as a PEFT LoRA folder."""
+    from peft import LoraConfig
     from safetensors.torch import save_file
 
+    adapter = model.draft_adapter
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = model._draft_lora_config
-    config.save_pretrained(directory)
-    tensors = {_PREFIX + k.replace(".default", ""): v.detach().contiguous().cpu()
-               for k, v in model.state_dict().items() if "lora_" in k}
+    LoraConfig(r=adapter.rank, lora_alpha=adapter.alpha, target_modules=adapter.target_modules, lora_dropout=0.0,
+               bias="none").save_pretrained(directory)
+    tensors = {}
+    for name, a, b in zip(adapter.names, adapter.lora_A, adapter.lora_B):
+        tensors[f"{_PREFIX}{name}.lora_A.weight"] = a.detach().contiguous().cpu()
+        tensors[f"{_PREFIX}{name}.lora_B.weight"] = b.detach().contiguous().cpu()
     save_file(tensors, directory / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
-def attach_draft_adapter(model, directory: str | Path) -> list:
-    """Inject the LoRA saved in `directory` into `model` (in place, disabled for plain forwards); returns its layers."""
+def attach_draft_adapter(model, directory: str | Path) -> DraftAdapter:
+    """Attach the adapter saved in `directory` (PEFT LoRA format) as `model.draft_adapter`, frozen."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
     cfg = json.loads((directory / "adapter_config.json").read_text())
-    targets = cfg["target_modules"]
-    layers = add_draft_adapter(model, cfg["r"], cfg["lora_alpha"], sorted(targets) if isinstance(targets, list)
-                               else targets)
+    if cfg.get("use_rslora") or cfg.get("use_dora") or cfg.get("peft_type", "LORA") != "LORA":
+        raise NotImplementedError(f"{directory}: only plain LoRA adapters are supported for drafting")
     weights = load_file(directory / "adapter_model.safetensors")
-    own = {k: v for k, v in model.state_dict().items() if "lora_" in k}
-    renamed = {}
-    for key, value in weights.items():
-        name = key.removeprefix(_PREFIX).replace(".weight", ".default.weight")
-        if name not in own:
-            raise ValueError(f"{directory}: adapter weight {key} matches no module of {type(model).__name__}")
-        renamed[name] = value.to(own[name].dtype)
-    missing = set(own) - set(renamed)
+    names = sorted({k.removeprefix(_PREFIX).rsplit(".lora_", 1)[0] for k in weights})
+    modules = dict(model.named_modules())
+    missing = [n for n in names if not isinstance(modules.get(n), nn.Linear)]
     if missing:
-        raise ValueError(f"{directory}: the adapter lacks {len(missing)} LoRA weights, e.g. {sorted(missing)[0]}")
-    model.load_state_dict(renamed, strict=False)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return layers
+        raise ValueError(f"{directory}: adapter weights for {missing[:3]} match no Linear of {type(model).__name__}")
+    adapter = DraftAdapter({n: modules[n] for n in names}, cfg["r"], cfg["lora_alpha"], list(cfg["target_modules"]))
+    with torch.no_grad():
+        for i, n in enumerate(names):
+            adapter.lora_A[i].copy_(weights[f"{_PREFIX}{n}.lora_A.weight"])
+            adapter.lora_B[i].copy_(weights[f"{_PREFIX}{n}.lora_B.weight"])
+    adapter.requires_grad_(False)
+    model.draft_adapter = adapter
+    return adapter

@@ -17,7 +17,7 @@ import torch
 
 from .backbone import Backbone
 from .cache import RowCache
-from .draft_adapter import lora_layers
+from .draft_adapter import find_adapter
 
 
 def is_nld_model(model) -> bool:
@@ -62,7 +62,7 @@ class NLDBackbone(Backbone):
         params = inspect.signature(self.encoder.forward).parameters
         # transformers 5.24 names the cache `cache`; older remote code only knows `past_key_values`
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.lora_layers = lora_layers(self.encoder)
+        self.adapter, self.lora_layers = find_adapter(model)
         self._keep_flags_causal()
 
     # ------------------------------------------------------------------ facts

@@ -8,13 +8,7 @@ pytest.importorskip("peft")
 
 import recguide_hf  # noqa: E402
 from recguide_hf.backbone import as_backbone  # noqa: E402
-from recguide_hf.draft_adapter import (  # noqa: E402
-    ADAPTER_DIR,
-    add_draft_adapter,
-    lora_layers,
-    save_draft_adapter,
-    set_adapters,
-)
+from recguide_hf.draft_adapter import ADAPTER_DIR, add_draft_adapter, route, save_draft_adapter  # noqa: E402
 from recguide_hf.export import save_model_folder  # noqa: E402
 from recguide_hf.masks import build_mask, causal_intra, positions  # noqa: E402
 
@@ -42,28 +36,32 @@ def folder(tmp_path_factory):
     return directory
 
 
-def test_fresh_adapter_is_disabled_and_frozen_base():
-    model = with_adapter()
-    layers = lora_layers(model)
-    assert len(layers) == 2 * len(TARGETS)  # two decoder layers
-    assert all(m._disable_adapters for m in layers)
+def test_fresh_adapter_is_the_identity_and_the_base_is_frozen():
+    model = tiny_model(0)
+    ids = torch.tensor([[5, 9, 17, 30, 41]])
+    with torch.no_grad():
+        base = model(ids).logits
+        adapter = add_draft_adapter(model, rank=4, alpha=8, target_modules=TARGETS)
+        assert len(adapter.names) == 2 * len(TARGETS)  # two decoder layers
+        with route(adapter, True):
+            assert torch.equal(model(ids).logits, base)  # B = 0 at init
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable and all("lora_" in n for n in trainable)
+    assert trainable and all(n.startswith("draft_adapter.lora_") for n in trainable)
 
 
 def test_folder_attaches_adapter_and_plain_forward_is_the_verifier(folder):
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    assert len(lora_layers(loaded)) == 2 * len(TARGETS)
+    assert len(loaded.draft_adapter.names) == 2 * len(TARGETS)
     bare = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, draft_adapter=False)
-    assert lora_layers(bare) == []
+    assert getattr(bare, "draft_adapter", None) is None
     ids = torch.tensor([[5, 9, 17, 30, 41]])
     with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, bare(ids).logits)  # adapters off outside the engine
-        set_adapters(lora_layers(loaded), True)
-        on = loaded(ids).logits
-        set_adapters(lora_layers(loaded), False)
+        assert torch.equal(loaded(ids).logits, bare(ids).logits)  # no adapter outside the engine's draft tokens
+        with route(loaded.draft_adapter, True):
+            on = loaded(ids).logits
+        assert torch.equal(loaded(ids).logits, bare(ids).logits)  # and nothing left behind
     assert not torch.allclose(on, bare(ids).logits, atol=1e-3)
     # the weights are the ones saved, and the folder is a PEFT adapter folder PEFT itself can load
     from peft import PeftModel
@@ -109,7 +107,7 @@ def test_fused_forward_routes_per_token(folder):
     v_base, b_base = _fused(as_backbone(bare), prompt, verify, branch, 2)
     assert torch.equal(v_routed, v_base)
     assert not torch.allclose(b_routed, b_base, atol=1e-3)
-    assert all(m._disable_adapters for m in lora_layers(loaded))  # nothing left switched on
+    assert all(not m._forward_hooks for m in loaded.modules())  # no hook left behind
     # the branch equals a separate draft forward: prefix [prompt, d_1] committed causally with the LoRA off,
     # then [c_p, MASK x 3] bidirectionally with the whole LoRA on
     from transformers import DynamicCache
@@ -117,10 +115,9 @@ def test_fused_forward_routes_per_token(folder):
     cache = DynamicCache(config=loaded.config)
     loaded(input_ids=torch.tensor([prompt + verify[1:2]]), cache=cache, use_cache=True)
     p = cache.get_seq_length()
-    set_adapters(lora_layers(loaded), True)
-    draft = loaded(input_ids=torch.tensor([branch]), position_ids=torch.arange(p, p + 4)[None], cache=cache,
-                   attention_mask=torch.zeros(1, 1, 4, p + 4), use_cache=True).logits
-    set_adapters(lora_layers(loaded), False)
+    with route(loaded.draft_adapter, True):
+        draft = loaded(input_ids=torch.tensor([branch]), position_ids=torch.arange(p, p + 4)[None], cache=cache,
+                       attention_mask=torch.zeros(1, 1, 4, p + 4), use_cache=True).logits
     torch.testing.assert_close(b_routed, draft[0], atol=1e-5, rtol=1e-5)
 
 
