@@ -30,8 +30,8 @@ from .backbone import as_backbone
 from .config import DecodingConfig
 from .engine import Engine, SamplingSettings
 
-METHODS = ("ar", "hf-lookup", "hf-assisted", "linear-2", "linear-4", "linear-8", "linear-16", "recguide",
-           "recguide:block_sizes=8,16,32")
+METHODS = ("ar", "hf-lookup", "hf-assisted", "hf-assisted:num_assistant_tokens=8,assistant_confidence_threshold=0",
+           "linear-2", "linear-4", "linear-8", "linear-16", "recguide", "recguide:block_sizes=8,16,32")
 BASES = ("ar", "hf-lookup", "hf-assisted", "linear", "recguide")
 BATCH_ONE = ("hf-lookup", "hf-assisted")  # HF's assisted generation raises for batch > 1
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
