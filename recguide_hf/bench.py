@@ -14,6 +14,7 @@ is compared token for token with `ar` at C = 1 (batch 1, fp32).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import platform
@@ -123,8 +124,11 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
     elif base == "hf-assisted":
         if assistant is None:
             raise ValueError("hf-assisted needs a draft model (recguide bench --assistant DIR)")
-        assistant.generation_config.update(**{k: _number(v) for k, v in overrides.items()})
         kw = dict(assistant_model=assistant)
+    saved = assistant.generation_config if assistant is not None else None
+    if base == "hf-assisted":  # this method's schedule on a copy: the next method sees HF's defaults again
+        assistant.generation_config = copy.deepcopy(saved)
+        assistant.generation_config.update(**{k: _number(v) for k, v in overrides.items()})
     verifier, drafter = ForwardCounter(model if base in BATCH_ONE else None), ForwardCounter(kw.get("assistant_model"))
     records = []
     start = time.perf_counter()
@@ -141,6 +145,8 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
     finally:
         verifier.remove()
         drafter.remove()
+        if saved is not None:
+            assistant.generation_config = saved
     wall = time.perf_counter() - start
     counts = None
     if base in BATCH_ONE:  # one prefill per generate call; every later verifier call verifies one round

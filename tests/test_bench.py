@@ -89,5 +89,6 @@ def test_hf_assisted_rows_count_verifier_and_draft_forwards():
     counts = run["hf_counts"]
     assert 0 < counts["verifier_forwards"] <= out["new_tokens"] and counts["draft_forwards"] > 0
     assert out["tpf"] == out["new_tokens"] / counts["verifier_forwards"]
+    assert assistant.generation_config.num_assistant_tokens is None  # the override did not stick
     with pytest.raises(ValueError, match="draft model"):
         run_hf(verifier, tok, prompts, 1, 4, "hf-assisted")
