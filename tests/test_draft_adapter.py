@@ -137,3 +137,24 @@ def test_greedy_parity_with_adapter(folder, mode):
     stats = recguide_hf.generate(loaded, input_ids=ids, attention_mask=mask, max_new_tokens=24, recguide_mode=mode,
                                  recguide_block_size=8, return_dict_in_generate=True).recguide_stats
     assert stats["rounds"] > 0
+
+
+@torch.no_grad()
+def test_draft_forward_on_merged_weights_equals_the_hooks_and_restores_the_base(folder):
+    """A draft forward (every token drafts) runs on W + s B A; that equals the per-token hooks up to rounding, and
+    the base weights are back, bit for bit, after it."""
+    from transformers import AutoModelForCausalLM
+
+    from recguide_hf.draft_adapter import route
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    before = {n: p.clone() for n, p in loaded.named_parameters()}
+    ids = torch.tensor([[5, 9, 17, 30, 41, 7]])
+    with route(loaded.draft_adapter, True):  # merged weights
+        merged = loaded(ids).logits
+    with route(loaded.draft_adapter, torch.ones(1, 6, dtype=torch.bool)):  # hooks on every token
+        hooked = loaded(ids).logits
+    torch.testing.assert_close(merged, hooked, atol=1e-4, rtol=1e-4)
+    assert all(torch.equal(p, before[n]) for n, p in loaded.named_parameters())
+    loaded.draft_adapter.requires_grad_(True)  # while training, gradients must reach A and B: hooks, not merges
+    assert loaded.draft_adapter.merged_weights() is None
