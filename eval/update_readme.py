@@ -97,10 +97,9 @@ def threads_note(res: Path) -> str:
     advice = ("so on a shared machine set `OMP_NUM_THREADS=1` (or `torch.set_num_threads(1)`) for decoding."
               if one and one["busy_s"] < many["busy_s"] else
               "so on this machine extra threads still paid under contention.")
-    return (f"A process competing for the same cores slows every small forward, and a speculative round runs more "
-            f"small operations per token than a plain step, each one a parallel region that waits for the slowest "
-            f"thread. Measured with `{env['command']}` ({env['hardware']}, commit {env['git_commit']}): with a "
-            f"1-thread matrix-product loop running beside it, " + "; ".join(parts) + ", " + advice)
+    return (f"A process busy on the same cores makes every parallel region wait for a descheduled thread. Measured "
+            f"with `{env['command']}` ({env['hardware']}, commit {env['git_commit']}), a 1-thread matrix-product loop "
+            "running beside it: " + "; ".join(parts) + ", " + advice)
 
 
 def peers_table() -> list[str]:
