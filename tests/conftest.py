@@ -7,6 +7,7 @@ import torch
 from transformers import GenerationConfig
 
 from recguide_hf import RecGuideConfig, RecGuideForCausalLM
+from recguide_hf.masks import build_mask, causal_intra, positions
 
 EOS, PAD, MASK = 1, 2, 3
 
@@ -42,3 +43,27 @@ def left_pad(prompts, pad: int = PAD):
 @pytest.fixture(scope="session")
 def model():
     return tiny_model()
+
+
+def fused_forward(bb, prompt, verify, branch, branch_start, draft_on=True):
+    """One row: cache holds prompt[:-1]; verifier segment `verify` (= [seed, d_1 ..], causal) and one branch
+    segment `branch` (= [c_p, MASK ..], bidirectional) that sees the verifier tokens before `branch_start`."""
+    cache = bb.new_cache(1, 64)
+    rows, pads = torch.tensor([0]), torch.tensor([0])
+    n = len(prompt) - 1
+    cache.bind(rows, n)
+    bb.forward(torch.tensor([prompt[:-1]]), torch.arange(n)[None], build_mask(
+        torch.tensor([0]), pads, causal_intra(1, n), n), cache)
+    cache.commit(rows, torch.tensor([n]))
+    q, b = len(verify), len(branch)
+    intra = torch.zeros(1, q + b, q + b, dtype=torch.bool)
+    intra[:, :q, :q] = causal_intra(1, q)
+    intra[:, q:, :branch_start] = True
+    intra[:, q:, q:] = True
+    offsets = torch.cat([torch.arange(q), branch_start + torch.arange(b)])[None]
+    draft_mask = torch.tensor([[False] * q + [draft_on] * b])
+    kv = cache.bind(rows, q + b)
+    lengths = cache.lengths[rows]
+    logits = bb.forward(torch.tensor([verify + branch]), positions(lengths, pads, offsets),
+                        build_mask(lengths, pads, intra, kv), cache, draft_mask=draft_mask)
+    return logits[0, :q], logits[0, q:]

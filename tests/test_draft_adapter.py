@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import MASK, PAD, left_pad, random_prompts, tiny_model
+from conftest import MASK, PAD, fused_forward, left_pad, random_prompts, tiny_model
 
 pytest.importorskip("peft")
 
@@ -10,7 +10,6 @@ import recguide_hf  # noqa: E402
 from recguide_hf.backbone import as_backbone  # noqa: E402
 from recguide_hf.draft_adapter import ADAPTER_DIR, add_draft_adapter, route, save_draft_adapter  # noqa: E402
 from recguide_hf.export import save_model_folder  # noqa: E402
-from recguide_hf.masks import build_mask, causal_intra, positions  # noqa: E402
 
 TARGETS = ["q_proj", "o_proj", "down_proj"]
 
@@ -71,30 +70,6 @@ def test_folder_attaches_adapter_and_plain_forward_is_the_verifier(folder):
         assert torch.allclose(peft_model(ids).logits, on, atol=1e-5)
 
 
-def _fused(bb, prompt, verify, branch, branch_start, draft_on=True):
-    """One row: the cache holds prompt[:-1]; a causal verifier segment and one bidirectional branch segment
-    that sees the verifier tokens before `branch_start`, in ONE forward."""
-    cache = bb.new_cache(1, 64)
-    rows, pads = torch.tensor([0]), torch.tensor([0])
-    n = len(prompt) - 1
-    cache.bind(rows, n)
-    bb.forward(torch.tensor([prompt[:-1]]), torch.arange(n)[None], build_mask(rows, pads, causal_intra(1, n), n),
-               cache)
-    cache.commit(rows, torch.tensor([n]))
-    q, b = len(verify), len(branch)
-    intra = torch.zeros(1, q + b, q + b, dtype=torch.bool)
-    intra[:, :q, :q] = causal_intra(1, q)
-    intra[:, q:, :branch_start] = True
-    intra[:, q:, q:] = True
-    offsets = torch.cat([torch.arange(q), branch_start + torch.arange(b)])[None]
-    kv = cache.bind(rows, q + b)
-    lengths = cache.lengths[rows]
-    logits = bb.forward(torch.tensor([verify + branch]), positions(lengths, pads, offsets),
-                        build_mask(lengths, pads, intra, kv), cache,
-                        draft_mask=torch.tensor([[False] * q + [draft_on] * b]))
-    return logits[0, :q], logits[0, q:]
-
-
 @torch.no_grad()
 def test_fused_forward_routes_per_token(folder):
     """Verifier tokens: bit-for-bit the base weights' logits even beside draft tokens; draft tokens: the LoRA's."""
@@ -103,8 +78,8 @@ def test_fused_forward_routes_per_token(folder):
     loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     bare = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, draft_adapter=False)
     prompt, verify, branch = [5, 17, 23, 40, 8, 70], [70, 33, 44, 55], [66, MASK, MASK, MASK]
-    v_routed, b_routed = _fused(as_backbone(loaded), prompt, verify, branch, 2)
-    v_base, b_base = _fused(as_backbone(bare), prompt, verify, branch, 2)
+    v_routed, b_routed = fused_forward(as_backbone(loaded), prompt, verify, branch, 2)
+    v_base, b_base = fused_forward(as_backbone(bare), prompt, verify, branch, 2)
     assert torch.equal(v_routed, v_base)
     assert not torch.allclose(b_routed, b_base, atol=1e-3)
     assert all(not m._forward_hooks for m in loaded.modules())  # no hook left behind

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("peft")
 
-from conftest import left_pad, random_prompts  # noqa: E402
+from conftest import fused_forward, left_pad, random_prompts  # noqa: E402
 from nld_standin import (  # noqa: E402
     EOS,
     MASK,
@@ -25,7 +25,6 @@ import recguide_hf  # noqa: E402
 from recguide_hf.backbone import as_backbone  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
-from recguide_hf.masks import build_mask, causal_intra, positions  # noqa: E402
 from recguide_hf.nld import NLDBackbone  # noqa: E402
 
 
@@ -59,41 +58,17 @@ def test_backbone_facts(model):
     assert all(layer.self_attn.diffusion_lm is False for layer in model.encoder.layers)
 
 
-def _fused_forward(bb, prompt, verify, branch, branch_start, draft_on=True):
-    """One row: cache holds prompt[:-1]; verifier segment `verify` (= [seed, d_1 ..], causal) and one branch
-    segment `branch` (= [c_p, MASK ..], bidirectional) that sees the verifier tokens before `branch_start`."""
-    cache = bb.new_cache(1, 64)
-    rows, pads = torch.tensor([0]), torch.tensor([0])
-    n = len(prompt) - 1
-    cache.bind(rows, n)
-    bb.forward(torch.tensor([prompt[:-1]]), torch.arange(n)[None], build_mask(
-        torch.tensor([0]), pads, causal_intra(1, n), n), cache)
-    cache.commit(rows, torch.tensor([n]))
-    q, b = len(verify), len(branch)
-    intra = torch.zeros(1, q + b, q + b, dtype=torch.bool)
-    intra[:, :q, :q] = causal_intra(1, q)
-    intra[:, q:, :branch_start] = True
-    intra[:, q:, q:] = True
-    offsets = torch.cat([torch.arange(q), branch_start + torch.arange(b)])[None]
-    draft_mask = torch.tensor([[False] * q + [draft_on] * b])
-    kv = cache.bind(rows, q + b)
-    lengths = cache.lengths[rows]
-    logits = bb.forward(torch.tensor([verify + branch]), positions(lengths, pads, offsets),
-                        build_mask(lengths, pads, intra, kv), cache, draft_mask=draft_mask)
-    return logits[0, :q], logits[0, q:]
-
-
 def test_verifier_logits_exactly_the_base_model(model):
     """Per-token routing: with draft tokens in the same forward, verifier logits are bit-for-bit those of the
     model with the LoRA disabled, and draft logits are those of a separate LoRA-on draft forward."""
     bb = as_backbone(model)
     prompt = [5, 17, 23, 40, 8, 70]
     verify, branch = [70, 33, 44, 55], [66, MASK, MASK, MASK]
-    v_routed, b_routed = _fused_forward(bb, prompt, verify, branch, branch_start=2)
-    v_off, b_off = _fused_forward(bb, prompt, verify, branch, branch_start=2, draft_on=False)
+    v_routed, b_routed = fused_forward(bb, prompt, verify, branch, branch_start=2)
+    v_off, b_off = fused_forward(bb, prompt, verify, branch, branch_start=2, draft_on=False)
     assert torch.equal(v_routed, v_off)  # exact: verifier tokens never see the LoRA
     base = standin(seed=0, lora=False)  # same base weights, no PEFT layers at all
-    v_base, _ = _fused_forward(as_backbone(base), prompt, verify, branch, branch_start=2)
+    v_base, _ = fused_forward(as_backbone(base), prompt, verify, branch, branch_start=2)
     assert torch.equal(v_routed, v_base)
     assert not torch.allclose(b_routed, b_off, atol=1e-3)  # the LoRA does change the draft tokens
     with torch.no_grad():
