@@ -187,8 +187,8 @@ def limitations(card: Path) -> list[str]:
     if lora_log.exists():
         minutes += json.loads(lora_log.read_text())["log"][-1]["minutes"]
     lines = ["## Known limitations", "",
-             f"* A {verifier_parameters(card, after) / 1e6:.0f}M-parameter model trained for {minutes / 60:.1f} CPU hours in "
-             "all (verifier and drafting adapter): its greedy continuations of code loop "
+             f"* A {verifier_parameters(card, after) / 1e6:.0f}M-parameter model trained for {minutes / 60:.1f} CPU "
+             "hours in all (verifier and drafting adapter): its greedy continuations of code loop "
              f"(distinct-4-gram ratio {fmt(he.get('distinct4'))} on HumanEval prompts), and part of the drafter's "
              "acceptance is those loops (novel tau above)."]
     bench = ROOT / "eval" / "results" / "bench.json"
@@ -226,7 +226,8 @@ def write_main_card(card: Path, runs: list[Path] | None):
              "out = model.generate(**tok(['def add(a, b):'], return_tensors='pt'), max_new_tokens=64)",
              "```", "",
              "## Model", "",
-             f"* parameters: {verifier_parameters(card, res):,} in the verifier ({cfg['num_hidden_layers']} layers, hidden "
+             f"* parameters: {verifier_parameters(card, res):,} in the verifier ({cfg['num_hidden_layers']} layers, "
+             f"hidden "
              f"{cfg['hidden_size']}, {cfg['num_attention_heads']} heads, vocab {cfg['vocab_size']}, tied embeddings), "
              "plus the drafting adapter below",
              f"* special tokens: BOS {cfg['bos_token_id']}, EOS {cfg['eos_token_id']}, PAD {cfg['pad_token_id']}, "
