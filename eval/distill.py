@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -51,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_prompts  # noqa: E402
 from teacher_data import greedy  # noqa: E402
-from train import TeacherBatches, draft_blocks  # noqa: E402
+from train import TeacherBatches, draft_blocks, set_lr  # noqa: E402
 
 from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter  # noqa: E402
 from recguide_hf.modeling import RecGuideForCausalLM, additive_mask  # noqa: E402
@@ -271,10 +270,7 @@ def train(args):
     last_ckpt = last_eval = time.time()
     t0 = time.time() - state["elapsed"]
     while state["elapsed"] < budget:
-        frac = state["elapsed"] / budget
-        warm = min(1.0, (state["step"] + 1) / args.warmup)
-        for group in opt.param_groups:
-            group["lr"] = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        set_lr(opt, args.lr, state["step"], args.warmup, state["elapsed"] / budget)
         x, valid = (t.to(device) for t in batches.next())
         cache, teacher_logp = verifier_pass(verifier, x, student.mask_id)
         loss, ce = student.loss(x, valid, teacher_logp, cache, args, gen, lo)

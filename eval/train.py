@@ -190,6 +190,13 @@ def evaluate(model, tokens: dict[str, np.ndarray], args, dtype, device) -> dict[
     return res
 
 
+def set_lr(opt, base_lr: float, step: int, warmup: int, frac: float):
+    """Linear warm-up over `warmup` steps, then cosine from base_lr to base_lr / 10 over the time budget."""
+    warm = min(1.0, (step + 1) / warmup)
+    for group in opt.param_groups:
+        group["lr"] = base_lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
 def save_ckpt(path: Path, model, opt, state: dict):
     path.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
@@ -237,11 +244,7 @@ def train(args):
     last_ckpt = last_eval = time.time()
     t0 = time.time() - state["elapsed"]
     while state["elapsed"] < budget:
-        frac = state["elapsed"] / budget
-        warm = min(1.0, (state["step"] + 1) / args.warmup)
-        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-        for group in opt.param_groups:
-            group["lr"] = lr
+        set_lr(opt, args.lr, state["step"], args.warmup, state["elapsed"] / budget)
         x = batches.next()
         x = tuple(t.to(device) for t in x) if isinstance(x, tuple) else x.to(device)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):

@@ -52,13 +52,15 @@ class DraftAdapter(nn.Module):
         for a in self.lora_A:  # PEFT's default init: A random, B zero, so a fresh adapter changes nothing
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.rank, self.alpha, self.target_modules = rank, alpha, list(target_modules)
-
         self._merged: list[torch.Tensor] | None = None
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
 
     def entries(self):
         """(linear, A [r, in], B [out, r], scaling) per adapted layer."""
-        scaling = self.alpha / self.rank
-        return [(m, a, b, scaling) for m, a, b in zip(self._linears, self.lora_A, self.lora_B)]
+        return [(m, a, b, self.scaling) for m, a, b in zip(self._linears, self.lora_A, self.lora_B)]
 
     def merged_weights(self) -> list[torch.Tensor] | None:
         """`W + scaling * B A` per adapted layer for draft forwards; None while the adapter is being trained
@@ -68,7 +70,7 @@ class DraftAdapter(nn.Module):
             return None
         if self._merged is None or self._merged[0].device != self._linears[0].weight.device:
             with torch.no_grad():
-                self._merged = [(m.weight + (b @ a).to(m.weight.dtype) * (self.alpha / self.rank)).contiguous()
+                self._merged = [(m.weight + (b @ a).to(m.weight.dtype) * self.scaling).contiguous()
                                 for m, a, b in zip(self._linears, self.lora_A, self.lora_B)]
         return self._merged
 
