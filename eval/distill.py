@@ -244,7 +244,14 @@ def train(args):
     batches = TeacherBatches(args.teacher_data, args.batch_size, args.seed)
     lo = batches.prompt_len
     held = {k: v.to(device) for k, v in heldout_rows(verifier, tokenizer, 96, 128, args.eval_prompts).items()}
-    state = {"step": 0, "elapsed": 0.0, "tokens": 0, "log": [], "previous_minutes": args.previous_minutes}
+    state = {"step": 0, "elapsed": 0.0, "tokens": 0, "log": [], "previous_minutes": args.previous_minutes,
+             "sessions": []}
+    earlier = args.init / "distill_log.json" if args.init else None
+    if earlier is not None and earlier.exists():  # continue the curve and keep what each earlier session did
+        prev = json.loads(earlier.read_text())
+        state["log"] = list(prev["log"])
+        state["sessions"] = prev.get("sessions", []) + [
+            {k: prev.get(k) for k in ("args", "step", "elapsed", "tokens", "teacher_data")}]
     ckpt = args.run / "ckpt.pt"
     if args.resume and ckpt.exists():
         blob = torch.load(ckpt, weights_only=False)
@@ -264,7 +271,7 @@ def train(args):
 
     print(f"{args.student}: {num_params / 1e6:.2f}M trainable parameters, budget {args.minutes} min, "
           f"{len(batches.tokens)} teacher rows", flush=True)
-    if not state["log"]:
+    if state["step"] == 0:  # where this run starts (for --init: the adapter it continues, re-measured)
         record()
     bar = tqdm(total=int(budget), initial=int(state["elapsed"]), unit="s", desc=args.student, mininterval=10)
     last_ckpt = last_eval = time.time()

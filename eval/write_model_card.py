@@ -117,16 +117,28 @@ def adapter_section(card: Path) -> list[str]:
                   f"random training-split windows, generated in {t['seconds'] / 60:.1f} minutes "
                   f"(`python eval/teacher_data.py --minutes {t['args']['minutes']} --prompt-len "
                   f"{t['args']['prompt_len']} --new-tokens {t['args']['new_tokens']} --out {a['teacher_data']}`).", ""]
-    lines += [f"Training: {minutes:.0f} CPU minutes in all, {log['step']} steps, {log['tokens']:,} target tokens "
-              f"(`python eval/distill.py --student adapter --minutes {a['minutes']} --threads {a['threads']} "
-              f"--run {a['run']}`; the run shared the 2-core machine with the draft model's training, one thread "
-              "each).", "",
+    sessions = log.get("sessions", []) + [{k: log[k] for k in ("args", "step", "elapsed", "tokens", "teacher_data")}]
+    runs = "; ".join(_distill_command(x["args"]) for x in sessions)
+    lines += [f"Training: {minutes:.0f} CPU minutes in all over {len(sessions)} session(s), "
+              f"{sum(int(x['step']) for x in sessions)} steps, {sum(int(x['tokens']) for x in sessions):,} target "
+              f"tokens, each session continuing from the last one's adapter with fresh teacher data: {runs}. "
+              "Each ran on the 2-core machine with one thread (the first beside the draft model's training).", "",
               "![tau curve](draft_lora/tau_curve.png)", "",
               "The curve is the accepted-run estimate of LinearSS tau on held-out prompts (24 code, 24 prose; "
               "never training text) during training: a draft block at anchor t accepts the leading run of positions "
               "where its argmax equals the verifier's greedy token, which is exactly what a LinearSS round starting "
               "there accepts. The engine's own measurement follows.", ""]
     return lines
+
+
+def _distill_command(a: dict) -> str:
+    """The command line of one distill session, from its logged arguments (defaults left out)."""
+    cmd = f"python eval/distill.py --student adapter --minutes {a['minutes']} --threads {a['threads']}"
+    if a["lr"] != "0.001":
+        cmd += f" --lr {a['lr']}"
+    if a["init"] != "None":
+        cmd += f" --init {a['init']} --previous-minutes {a['previous_minutes']}"
+    return f"`{cmd} --teacher-data {a['teacher_data']} --run {a['run']}`"
 
 
 def measured_section(card: Path) -> list[str]:

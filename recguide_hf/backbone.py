@@ -17,7 +17,12 @@ from .draft_adapter import find_adapter, route
 
 class Backbone:
     """Adapter for any HF causal LM trained for block drafting with a mask token (this project's model,
-    SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks."""
+    SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks.
+
+    `unmasked_steps`: the model accepts `attention_mask=None` with the row cache for a one-token step that
+    sees its whole prefix (HF builds the causal mask from the cache, which for one query is no mask)."""
+
+    unmasked_steps = True
 
     def __init__(self, model, mask_token_id: int | None = None):
         if hasattr(model, "get_base_model"):  # peft.PeftModel: its LoRA layers live in the wrapped model
@@ -54,7 +59,8 @@ class Backbone:
         """Logits `[R, Q, V]` (or the last `logits_to_keep` positions).
 
         Args:
-            input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive;
+            input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive, or None for a one-token
+                step over unpadded rows of one length (`unmasked_steps`);
             draft_mask: [R, Q] bool, True for tokens computed in draft mode: the drafting adapter (if any)
                 applies exactly there (`True`: every token; None: none); the attention mode itself comes from
                 the mask.

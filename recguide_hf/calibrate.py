@@ -7,6 +7,12 @@ block B would have accepted `min(n_t, B-1)` drafts, so one run at B_max yields t
 (`n_{t-1} >= B'-1`). Then, for each B and each state `z = (B', F)`, V is the weighted mean progress per
 bin of the certainty `s_t = -(e_{t-1} + e_{t-2}) / 2`. Each dataset gets equal total weight; quality is
 reported out of fold (5 folds split by request).
+
+How far to trust the table is measured too: the out-of-fold predictions are regressed on the outcomes,
+`p - mean = lambda_B (V_B - mean)`, and the policy reads `mean + lambda_B (V_B(s, z) - mean)`, with lambda_B
+clipped to [0, 1]. A signal that predicts progress keeps lambda near 1; one that does not predict it out of
+fold shrinks to the block's mean, so the policy does not act on noise (every request then gets the best
+block for its load).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: 
     table = _fit_table(samples, block_sizes, edges)
     report = _out_of_fold(samples, block_sizes, edges, folds, seed)
     return {"block_sizes": list(block_sizes), "s_edges": edges, "values": table["values"], "mean": table["mean"],
-            "report": report, "datasets": {d: n for d, n in counts.items()}}
+            "shrink": report.pop("shrink"), "report": report, "datasets": {d: n for d, n in counts.items()}}
 
 
 def _bin(s: float, edges) -> int:
@@ -95,6 +101,7 @@ def _out_of_fold(samples, block_sizes, edges, folds, seed) -> dict:
     rng = np.random.default_rng(seed)
     fold_of = {k: int(f) for k, f in zip(keys, rng.permutation(len(keys)) % folds)}
     err_v, err_base, ss_tot = {b: 0.0 for b in block_sizes}, {b: 0.0 for b in block_sizes}, {}
+    cross, spread = {b: 0.0 for b in block_sizes}, {b: 0.0 for b in block_sizes}  # for the shrink regression
     wsum = 0.0
     for f in range(folds):
         train = [x for x in samples if fold_of[x[0]] != f]
@@ -105,8 +112,11 @@ def _out_of_fold(samples, block_sizes, edges, folds, seed) -> dict:
         for _, s, bp, full, p, w in test:
             wsum += w
             for b in block_sizes:
-                err_v[b] += w * (vt.value(b, s, bp, full) - p[b]) ** 2
+                v = vt.value(b, s, bp, full)
+                err_v[b] += w * (v - p[b]) ** 2
                 err_base[b] += w * (vt.mean[b] - p[b]) ** 2
+                cross[b] += w * (v - vt.mean[b]) * (p[b] - vt.mean[b])
+                spread[b] += w * (v - vt.mean[b]) ** 2
     for b in block_sizes:
         ss_tot[b] = 1 - err_v[b] / err_base[b] if err_base[b] > 0 else 0.0
     return {
@@ -114,11 +124,14 @@ def _out_of_fold(samples, block_sizes, edges, folds, seed) -> dict:
         "rmse_constant": {str(b): float(np.sqrt(err_base[b] / wsum)) for b in block_sizes},
         "r2_vs_constant": {str(b): float(ss_tot[b]) for b in block_sizes},
         "folds": folds,
+        "shrink": {str(b): float(np.clip(cross[b] / spread[b], 0.0, 1.0)) if spread[b] > 0 else 0.0
+                   for b in block_sizes},
     }
 
 
 class ValueTable:
-    """Lookup of V_B(s, z). `V_1 = 1` exactly (a plain decoding step), whether or not it was calibrated."""
+    """Lookup of V_B(s, z), shrunk toward the block's mean by the measured `shrink` (1 for tables without it).
+    `V_1 = 1` exactly (a plain decoding step), whether or not it was calibrated."""
 
     def __init__(self, data: dict):
         self.data = data
@@ -126,9 +139,10 @@ class ValueTable:
         self.edges = data["s_edges"]
         self.values = data["values"]
         self.mean = {int(b): v for b, v in data["mean"].items()} | {1: 1.0}
+        self.shrink = {int(b): float(v) for b, v in data.get("shrink", {}).items()}
         # per block: [previous blocks, fully accepted?, s bins] for the vectorised lookup
         self._prev_index = {b: i for i, b in enumerate(self.block_sizes)}
-        self._grid = {b: torch.tensor([[self.values[str(b)].get(f"{bp},{f}", [self.mean[b]] * (len(self.edges) + 1))
+        self._grid = {b: torch.tensor([[self._shrunk(b, self.values[str(b)].get(f"{bp},{f}"))
                                         for f in (0, 1)] for bp in self.block_sizes], dtype=torch.float32)
                       for b in self.block_sizes}
         self._edges = torch.tensor(self.edges, dtype=torch.float32)
@@ -136,6 +150,14 @@ class ValueTable:
     @classmethod
     def load(cls, path: str | Path) -> ValueTable:
         return cls(json.loads(Path(path).read_text()))
+
+    def _shrunk(self, block: int, per_bin: list[float] | None) -> list[float]:
+        """A state's values per s bin, pulled toward the block's mean (a missing state reads the mean)."""
+        m = self.mean[block]
+        if per_bin is None:
+            return [m] * (len(self.edges) + 1)
+        lam = self.shrink.get(block, 1.0)
+        return [m + lam * (v - m) for v in per_bin]
 
     def values_for(self, block: int, s: torch.Tensor, prev_block: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         """`value` for many rows at once: s [R] float, prev_block [R] long, full [R] bool -> [R] float.
@@ -158,4 +180,4 @@ class ValueTable:
         per_state = self.values[str(block)].get(f"{prev_block},{int(bool(full))}")
         if per_state is None:
             return self.mean[block]
-        return per_state[_bin(s, self.edges)]
+        return self._shrunk(block, per_state)[_bin(s, self.edges)]

@@ -153,7 +153,8 @@ def cmd_calibrate(args) -> int:
     print("held-out (out-of-fold) prediction of progress per round:")
     for b in args.block_sizes:
         print(f"  B={b}: RMSE {rep['rmse'][str(b)]:.2f} vs {rep['rmse_constant'][str(b)]:.2f} for a constant "
-              f"(R^2 {rep['r2_vs_constant'][str(b)]:.2f}); mean progress {table['mean'][str(b)]:.2f}")
+              f"(R^2 {rep['r2_vs_constant'][str(b)]:.2f}, trusted x{table['shrink'][str(b)]:.2f}); mean progress "
+              f"{table['mean'][str(b)]:.2f}")
     print(f"wrote {out}")
     return 0
 

@@ -165,6 +165,7 @@ class Engine:
         self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
                               device=device)
         self.pads = torch.zeros(num_rows, dtype=torch.long, device=device)
+        self.padded = torch.zeros(num_rows, dtype=torch.bool)  # host copy of pads > 0 (read without a device wait)
         self.count = torch.zeros(num_rows, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
         self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
         self.pending = br.PendingBlocks(num_rows, self.policy.max_block, device)
@@ -178,6 +179,7 @@ class Engine:
         self.seq[rows] = self.settings.pad_token_id
         self.seq[rows, : self.prompt_width] = input_ids
         self.pads[rows] = pads
+        self.padded[rows.cpu()] = pads.cpu() > 0
         self.count[rows] = 0
         self.finished[rows] = self.settings.max_new_tokens <= 0
         self.pending.has[rows] = False
@@ -340,12 +342,21 @@ class Engine:
         return self._run(self._prepare(rows, ids, offsets, intra), ids, draft_mask, logits_to_keep)
 
     def _prepare(self, rows, ids, offsets, intra, write_offset: int = 0):
-        """Cache binding, additive mask and position ids of one forward (no device wait)."""
+        """Cache binding, additive mask and position ids of one forward (no device wait).
+
+        A plain step (one query per row) over rows with no padding and one committed length sees every slot
+        before it, which is what the model does with no mask at all: then no mask is built and attention
+        takes its unmasked path, as in HF's own decoding step."""
         binding = self.cache.prepare(rows, ids.shape[1], write_offset)
-        lengths = self.cache.lengths[rows.cpu()].to(ids.device)
+        rows_cpu = rows.cpu()
+        lengths_cpu = self.cache.lengths[rows_cpu]
+        lengths = lengths_cpu.to(ids.device)
         pads = self.pads[rows]
-        mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=self.backbone.dtype, write_offset=write_offset)
         pos = positions(lengths, pads, offsets).clamp(min=0)
+        if (ids.shape[1] == 1 and write_offset == 0 and self.backbone.unmasked_steps
+                and not bool(self.padded[rows_cpu].any()) and bool((lengths_cpu == lengths_cpu[0]).all())):
+            return binding, None, pos
+        mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=self.backbone.dtype, write_offset=write_offset)
         return binding, mask, pos
 
     def _run(self, prepared, ids, draft_mask=None, logits_to_keep=0):

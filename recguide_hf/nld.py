@@ -32,6 +32,8 @@ class NLDBackbone(Backbone):
         mask_token_id: defaults to the model's / its config's `mask_token_id` (100 for NLD).
     """
 
+    unmasked_steps = False  # NLD's remote attention code is only known to run with an explicit mask
+
     def __init__(self, model, mask_token_id: int | None = None):
         if hasattr(model, "get_base_model"):  # peft.PeftModel
             model = model.get_base_model()

@@ -2,23 +2,25 @@
 
 Fixed mode: every request uses the configured B (B = 1: plain decoding steps in the engine).
 
-"auto" (DESIGN 2.3): each request picks `B* = argmax_B V_B(s_t, z_t) - rho_C * T_C(B)` where
+"auto" (DESIGN 2.3), one rule: each round, the plan (a block size for every active request) that maximises
+`sum_r V_B_r(s_r, z_r) - C * rho_C * sum_buckets T_n(B)`, expected tokens minus what the round's time would
+have bought at the best fixed block, where
 * the candidates are the block sizes the cost table measured on this hardware (`recguide profile`), by
   default {1, 2, 4, 8, 16, 32, 64}; `recguide_block_sizes` narrows them (the paper's set: [8, 16, 32]);
 * `V_B(s, z)` is the calibrated expected progress (tokens per round) given certainty `s_t` (minus the mean
-  verifier entropy of the last two rounds) and state `z_t = (B_{t-1}, fully accepted?)` (calibrate.py);
+  verifier entropy of the last two rounds) and state `z_t = (B_{t-1}, fully accepted?)`, shrunk toward the
+  block's mean as far as it failed to predict out of fold (calibrate.py); without history it is the mean;
   `V_1 = 1` exactly: a plain step always yields one token;
-* `T_C(B)` is the measured seconds of a LinearSS round (draft + verify) of block B with C requests in
-  flight (profile.py); `T_C(1)` is one plain decoding step (no draft forward);
-* `rho_C` converts seconds into tokens: by default the best fixed-block rate at that load,
-  `max_B mean(V_B) / T_C(B)`, so `V - rho T` is the progress a block buys beyond what its time would buy
-  at the best fixed block. It can be set with `recguide_rho`.
-The first round (no history) takes the best fixed block at that load, `argmax_B mean(V_B) / T_C(B)`.
-So B = 1 is the fallback that keeps a request from ever being slower than plain decoding: whenever the
-drafts a request can expect are not worth their forward on this hardware, its next round is a plain step,
-and the round after may speculate again. No threshold on concurrency appears anywhere: load enters only
-through the measured `T_C`.
-Requests are bucketed by planned B: one draft and one verify forward per bucket.
+* `T_n(B)` is the measured seconds of a LinearSS round (draft + verify) of block B for n rows
+  (profile.py); `T_n(1)` is one plain decoding step (no draft forward). Requests are bucketed by B, one
+  draft and one verify forward per bucket, so the round costs the SUM over its buckets: splitting a batch
+  is priced, and on hardware where a forward has a large fixed cost a split must earn it;
+* `rho_C = max_B mean(V_B) / T_C(B)` per request (set it with `recguide_rho`).
+The plans weighed are: every request at the same B, for each candidate B, and every request at its own
+`argmax_B V_B - rho_C T_C(B)`. With no history this is the best fixed block for the load. B = 1 is the
+fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
+forward at this load the round is a plain step, and the round after may speculate again. No threshold on
+concurrency appears anywhere: load enters only through the measured `T`.
 
 Branches (DESIGN 2.2) ride in a verify forward only when the measured costs say they pay: the extra
 query tokens cost `T_verify(C, B, S) - T_verify(C, B, 0)` for S segments per row, and they save an expected
@@ -84,11 +86,8 @@ class BlockPolicy:
             return self.config.rho
         return max(self.values.mean[b] / self.costs.round_cost(c, b) for b in self.candidates)
 
-    def first_block(self, c: int) -> int:
-        return max(self.candidates, key=lambda b: self.values.mean[b] / self.costs.round_cost(c, b))
-
     def plan(self, rows: torch.Tensor, stats, pending_has: torch.Tensor) -> torch.Tensor:
-        """Planned block size [R] for the active rows (vectorised over rows: no per-row Python)."""
+        """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring)."""
         if not self.auto:
             return torch.full_like(rows, self.candidates[0])
         if self.costs is None or self.values is None:
@@ -96,15 +95,24 @@ class BlockPolicy:
         c = rows.numel()
         rc = rows.cpu()
         e1, e2 = stats.entropy[rc].unbind(1)
-        s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]
+        s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
         prev, full = stats.last_block[rc], stats.last_full[rc]
+        sizes = torch.tensor(self.candidates)
+        value = torch.stack([self.values.values_for(b, s, prev, full) for b in self.candidates], 1)  # [R, K]
         rho = self.rho(c)
-        gain = torch.stack([self.values.values_for(b, s, prev, full) - rho * self.costs.round_cost(c, b)
-                            for b in self.candidates], 1)  # [R, K]
-        chosen = torch.tensor(self.candidates)[gain.argmax(1)]
-        chosen = torch.where(e1.isnan(), self.first_block(c), chosen)  # no history yet
-        chosen = torch.where(pending_has.cpu()[rc], prev, chosen)  # a branch drafted the next block at that size
-        return chosen.to(rows.device)
+        own = (value - rho * torch.tensor([self.costs.round_cost(c, b) for b in self.candidates])).argmax(1)
+        pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
+        pinned_at = torch.searchsorted(sizes, prev.clamp(max=self.max_block))
+        plans = [torch.full((c,), k) for k in range(len(sizes))] + [own]  # indices into the candidates
+        best, best_gain = None, -float("inf")
+        for plan in plans:
+            plan = torch.where(pinned, pinned_at, plan)
+            counts = torch.bincount(plan, minlength=len(sizes)).tolist()
+            seconds = sum(self.costs.round_cost(n, b) for n, b in zip(counts, self.candidates) if n)
+            gain = float(value.gather(1, plan[:, None]).sum()) - c * rho * seconds
+            if gain > best_gain:
+                best, best_gain = plan, gain
+        return sizes[best].to(rows.device)
 
     def buckets(self, rows: torch.Tensor, stats, pending_has: torch.Tensor):
         """Yield (block size, rows) groups: one draft and one verify forward per group."""

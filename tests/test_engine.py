@@ -47,6 +47,36 @@ def test_parity_plain_steps_mixed_with_speculation(model):
     assert set(stats.as_dict()["block_sizes"]) == {1, 8}
 
 
+def test_plain_steps_without_a_mask_when_rows_need_none(model):
+    """A plain step over unpadded rows of one length runs with no mask (HF's own decoding path): the logits
+    of the engine's 4D-masked forward to float rounding, HF's greedy output exactly; padded rows keep the mask."""
+    seen = []
+
+    class Spy(type(as_backbone(model))):
+        unmasked_steps = True
+
+        def forward(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
+            logits = super().forward(input_ids, position_ids, attention_mask, cache, draft_mask, logits_to_keep)
+            if attention_mask is None:  # the same forward again with the explicit mask the engine would build
+                lengths = cache.lengths[cache._binding.rows.cpu()]
+                from recguide_hf.masks import build_mask, causal_intra
+                full = build_mask(lengths, torch.zeros_like(lengths), causal_intra(len(lengths), 1),
+                                  cache._binding.kv_len)
+                seen.append((logits - super().forward(input_ids, position_ids, full, cache)).abs().max().item())
+            return logits
+
+    settings = SamplingSettings(max_new_tokens=12, eos_token_ids=[], pad_token_id=PAD)
+    cfg = DecodingConfig(mode="linear", block_size=1)
+    same_length = torch.tensor(random_prompts(3, 96, min_len=9, max_len=9, seed=2))
+    out, _ = Engine(Spy(model), cfg, settings).generate(same_length)
+    assert torch.equal(out, hf_greedy(model, same_length, None, max_new_tokens=12))
+    assert len(seen) == 12 and max(seen) < 1e-5  # every step; the masked logits agree to float rounding
+    seen.clear()
+    ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=2))
+    out, _ = Engine(Spy(model), cfg, settings).generate(ids, mask)
+    assert torch.equal(out, hf_greedy(model, ids, mask, max_new_tokens=12)) and not seen  # padded: masked
+
+
 def test_parity_many_prompts_one_at_a_time():
     model = tiny_model(seed=3)
     for prompt in random_prompts(12, 96, max_len=30, seed=7):

@@ -48,6 +48,7 @@ def test_value_fit_known_answer():
     assert vt.value(8, s_unsure, 8, False) == pytest.approx(3)
     # the signal separates the two kinds perfectly: out-of-fold error is ~0, far below a constant's
     assert table["report"]["rmse"]["32"] < 1e-6 < table["report"]["rmse_constant"]["32"]
+    assert table["shrink"]["32"] == pytest.approx(1.0)  # so the policy trusts it fully
 
 
 def _tables(flat_cost: bool, blocks=(8, 16, 32), step: float | None = None):
@@ -99,6 +100,54 @@ def test_plain_step_is_the_fallback_when_drafts_do_not_pay():
     assert choose(policy, 8, -0.1, 1, True) == 32  # and back to speculation the next round, from state B=1
     narrowed = BlockPolicy(DecodingConfig(block_size="auto", block_sizes=(8, 16, 32)), costs, values)
     assert choose(narrowed, 8, -3.0, 8, False) == 8  # the paper's set: no fallback
+
+
+def _plan_mixed(costs, values, c=8):
+    """Plan a batch of c requests, the even ones confident (s = -0.1), the odd ones unsure (s = -3.0)."""
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    stats = Stats(c)
+    stats.entropy[:] = torch.where(torch.arange(c) % 2 == 0, 0.1, 3.0)[:, None]
+    stats.last_block[:] = 8
+    stats.last_full[:] = torch.arange(c) % 2 == 0
+    return policy.plan(torch.arange(c), stats, torch.zeros(c, dtype=torch.bool))
+
+
+def _costs(fixed: float, per_row: float, per_token: float, blocks=(1, 8, 16, 32)):
+    """A forward of c rows x b tokens costs `fixed + c (per_row + per_token b)` (B = 1: a plain step, no draft)."""
+    costs = {}
+    for c in (1, 8, 64):
+        costs[str(c)] = {}
+        for b in blocks:
+            t = fixed + c * (per_row + per_token * b)
+            costs[str(c)][str(b)] = {"draft": 0.0 if b == 1 else t, "verify": [t] * 4}
+    return CostTable({"costs": costs})
+
+
+def test_a_bucket_split_must_pay_for_its_forwards():
+    """The round is priced as the sum of its buckets' forwards: when a forward's fixed cost dominates, a
+    mixed batch runs at ONE block size; when cost is per token, confident and unsure requests split."""
+    values = ValueTable(fit(_synthetic_rounds(), block_sizes=(8, 16, 32), num_bins=2))
+    fixed = _plan_mixed(_costs(fixed=0.02, per_row=0.0, per_token=1e-6), values)
+    assert fixed.unique().numel() == 1
+    per_row = _plan_mixed(_costs(fixed=0.0, per_row=1e-3, per_token=1e-4), values)
+    confident, unsure = per_row[::2].unique().tolist(), per_row[1::2].unique().tolist()
+    assert unsure == [1] and len(confident) == 1 and confident[0] >= 8
+
+
+def test_a_signal_that_does_not_predict_is_not_trusted():
+    """Acceptance independent of the entropy signal: out of fold the table does not beat the constant, its
+    shrink is ~0 and every state reads close to the block's mean (an informative signal keeps shrink 1:
+    test_value_fit_known_answer)."""
+    g = torch.Generator().manual_seed(0)
+    rounds = [Round("a", req, t, float(torch.rand(1, generator=g)) * 4, int(torch.randint(0, 30, (1,), generator=g)))
+              for req in range(60) for t in range(8)]
+    table = fit(rounds, block_sizes=(8, 16, 32), num_bins=4)
+    assert table["shrink"]["32"] < 0.3
+    vt = ValueTable(table)
+    spread = [vt.value(32, s, 32, False) for s in (-3.9, -2.5, -1.5, -0.1)]
+    raw = ValueTable({k: v for k, v in table.items() if k != "shrink"})
+    raw_spread = [raw.value(32, s, 32, False) for s in (-3.9, -2.5, -1.5, -0.1)]
+    assert max(spread) - min(spread) <= 0.3 * (max(raw_spread) - min(raw_spread))
 
 
 def test_block_sizes_outside_the_tables_are_refused():
