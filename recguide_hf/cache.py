@@ -25,6 +25,7 @@ class Binding:
     write_pos: torch.Tensor
     kv_len: int
     all_rows: bool
+    start: int | None = None  # the one first write slot when every row of an all-rows forward shares it
 
 
 class RowCache(Cache):
@@ -74,7 +75,8 @@ class RowCache(Cache):
         if kv_len > self.capacity:
             raise RuntimeError(f"RowCache capacity {self.capacity} exceeded ({kv_len} slots needed)")
         all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
-        return Binding(rows.to(self.device), write_pos, kv_len, all_rows)
+        start = int(base[0]) if all_rows and bool((base == base[0]).all()) else None
+        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start)
 
     def use(self, binding: Binding) -> None:
         self._binding = binding
@@ -96,9 +98,15 @@ class RowCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [R, kv_heads, Q, head_dim]
         b = self._binding
-        row_idx = b.rows[:, None].expand_as(b.write_pos)
-        self.keys[layer_idx][row_idx, :, b.write_pos] = key_states.transpose(1, 2).to(self.keys[layer_idx].dtype)
-        self.values[layer_idx][row_idx, :, b.write_pos] = value_states.transpose(1, 2).to(self.values[layer_idx].dtype)
+        if b.start is not None:  # one slice for the whole batch (a plain copy, no scatter)
+            end = b.start + key_states.shape[2]
+            self.keys[layer_idx][:, :, b.start:end].copy_(key_states)
+            self.values[layer_idx][:, :, b.start:end].copy_(value_states)
+        else:
+            row_idx = b.rows[:, None].expand_as(b.write_pos)
+            self.keys[layer_idx][row_idx, :, b.write_pos] = key_states.transpose(1, 2).to(self.keys[layer_idx].dtype)
+            self.values[layer_idx][row_idx, :, b.write_pos] = value_states.transpose(1, 2).to(
+                self.values[layer_idx].dtype)
         if b.all_rows:
             return self.keys[layer_idx][:, :, :b.kv_len], self.values[layer_idx][:, :, :b.kv_len]
         return self.keys[layer_idx][b.rows, :, :b.kv_len], self.values[layer_idx][b.rows, :, :b.kv_len]

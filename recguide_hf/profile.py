@@ -38,7 +38,9 @@ def _time_forward(backbone, cache, rows, q, intra, repeats, draft_from: int | No
     for i in range(repeats + 1):
         binding = cache.prepare(rows, q)
         cache.use(binding)
-        mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=backbone.dtype)
+        # a plain step over rows of one length runs unmasked in the engine (`Engine._prepare`): time that
+        mask = None if q == 1 and backbone.unmasked_steps else build_mask(lengths, pads, intra, binding.kv_len,
+                                                                         dtype=backbone.dtype)
         pos = positions(lengths, pads, torch.arange(q, device=rows.device))
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()

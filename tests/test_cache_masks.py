@@ -23,6 +23,29 @@ def test_rollback_is_not_advancing():
     assert cache.keys[0][1, 0, :3, 0].tolist() == [3.0, 4.0, 5.0]  # row 1 untouched
 
 
+def test_shared_start_writes_one_slice_like_the_scatter():
+    """Rows of one committed length write a slice; the result equals the per-row scatter's."""
+    g = torch.Generator().manual_seed(0)
+    fast, slow = (RowCache(num_layers=1, num_rows=3, num_kv_heads=2, head_dim=4, capacity=12) for _ in range(2))
+    for cache in (fast, slow):
+        cache.lengths[:] = 5
+    rows = torch.arange(3)
+    k, v = torch.randn(3, 2, 4, 4, generator=g), torch.randn(3, 2, 4, 4, generator=g)
+    fast.bind(rows, 4)
+    assert fast._binding.start == 5
+    slow.bind(rows, 4)
+    slow._binding.start = None  # force the scatter
+    out_fast, out_slow = fast.update(k, v, 0), slow.update(k, v, 0)
+    assert all(torch.equal(a, b) for a, b in zip(out_fast, out_slow))
+    assert torch.equal(fast.keys[0], slow.keys[0]) and torch.equal(fast.values[0], slow.values[0])
+    assert torch.equal(fast.keys[0][:, :, 5:9], k)
+    fast.lengths[1] = 6
+    fast.bind(rows, 2)
+    assert fast._binding.start is None  # lengths differ: scatter
+    fast.bind(torch.tensor([0, 2]), 2)
+    assert fast._binding.start is None  # a subset of the rows: scatter
+
+
 def test_build_mask_brute_force():
     lengths, pads = torch.tensor([4, 2]), torch.tensor([1, 0])
     q = 3
