@@ -56,8 +56,10 @@ def speed_sentence(bench: dict) -> str:
 
 
 def round_table(res: Path) -> str:
-    """Where a round's time goes, before and after the lean-round work (eval/round_profile.py)."""
-    files = [("before", res / "round_profile_before.json"), ("now", res / "round_profile.json")]
+    """Where a round's time goes, before the lean-round work, at the previous landed profile, and now
+    (eval/round_profile.py; round_profile_previous.json is the last "now", copied before a rerun)."""
+    files = [("before", res / "round_profile_before.json"), ("previous", res / "round_profile_previous.json"),
+             ("now", res / "round_profile.json")]
     rows = ["| engine | C | B | ms per round | in forwards | outside forwards | plain step vs HF step |",
             "|---|---|---|---|---|---|---|"]
     cmds = []

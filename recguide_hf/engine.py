@@ -165,6 +165,7 @@ class Engine:
         self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
                               device=device)
         self.pads = torch.zeros(num_rows, dtype=torch.long, device=device)
+        self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
         self.padded = torch.zeros(num_rows, dtype=torch.bool)  # host copy of pads > 0 (read without a device wait)
         self.count = torch.zeros(num_rows, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
         self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
@@ -318,7 +319,7 @@ class Engine:
         num_new = n_acc + 1
         # EOS inside the emitted tokens: keep it, drop what follows
         if self.settings.eos_token_ids:
-            eos = torch.isin(new, torch.tensor(self.settings.eos_token_ids, device=rows.device))
+            eos = torch.isin(new, self.eos_ids)
             eos &= idx[None, :] < num_new[:, None]
             has_eos = eos.any(1)
             first = torch.where(has_eos, eos.float().argmax(1) + 1, num_new)
@@ -327,10 +328,8 @@ class Engine:
             has_eos = torch.zeros_like(n_acc, dtype=torch.bool)
         self.cache.commit(rows, n_acc + 1)  # seed + accepted drafts; the new seed is not in the cache yet
         old = self.count[rows].clone()
-        write = idx[None, :] < num_new[:, None]
-        cols = self.prompt_width + old[:, None] + idx[None, :]
-        row_idx = rows[:, None].expand_as(cols)
-        self.seq[row_idx[write], cols[write]] = new[write]
+        write = (idx[None, :] < num_new[:, None]).nonzero(as_tuple=True)  # (row in bucket, place) pairs
+        self.seq[rows[write[0]], self.prompt_width + old[write[0]] + write[1]] = new[write]
         self.count[rows] = old + num_new
         done = has_eos | (self.count[rows] >= self.settings.max_new_tokens)
         self.finished[rows] |= done
