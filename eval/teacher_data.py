@@ -2,7 +2,10 @@
 
     python eval/teacher_data.py --teacher model_cards/recguide-tiny --minutes 8 --out data/distill/teacher.npz
 
-Prompts are random windows of the TRAINING split (never held-out text, never HumanEval). The teacher continues
+Prompts are random windows of the TRAINING split (never held-out text, never HumanEval); with
+`--docstring-share f`, a fraction f of the code windows instead END where a function's docstring closes (a
+line ending in triple quotes within 64 tokens of a `def`), the shape of a HumanEval-style prompt, so the
+teacher writes function bodies as an evaluation request asks it to. The teacher continues
 each one greedily (bf16 autocast by default, static KV cache, batched; a trainer that needs exact fp32 greedy
 labels recomputes them from the frozen teacher's teacher-forced logits). Every continuation is cut after an EOS.
 
@@ -32,6 +35,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval.measure_model import distinct4  # noqa: E402
 from eval.train import load_tokens  # noqa: E402
 from recguide_hf.modeling import RecGuideForCausalLM  # noqa: E402
+
+
+def docstring_ends(arr: np.ndarray, tok, prompt_len: int, window: int = 64) -> np.ndarray:
+    """Positions just past the token that closes a function's docstring (the second triple-quote token since
+    the last `def`, at most `window` tokens after it, followed by a newline): window ends shaped like a
+    HumanEval prompt."""
+    pieces = [tok.convert_tokens_to_string([t]) for t in tok.convert_ids_to_tokens(list(range(len(tok))))]
+    quotes = ('"' * 3, "'" * 3)
+    closes = np.array([any(q in x for q in quotes) for x in pieces])[arr]
+    newline = np.array(["\n" in x for x in pieces])[arr]
+    defs = np.array(["def" in x for x in pieces])[arr]
+    idx = np.arange(len(arr))
+    last_def = np.maximum.accumulate(np.where(defs, idx, -1))
+    quotes_since = np.cumsum(closes) - np.cumsum(closes)[np.maximum(last_def, 0)]  # after the def token
+    is_close = closes & (last_def >= 0) & (idx - last_def <= window) & (quotes_since == 2)
+    is_close[:-1] &= newline[:-1] | newline[1:]  # a newline follows, in the same token or the next one
+    ends = np.nonzero(is_close[:-1])[0] + 1
+    ends = ends + (newline[ends] & ~newline[ends - 1])  # the window end takes that newline along
+    return ends[(ends >= prompt_len) & (ends < len(arr))]
 
 
 def loop_start(ids: list[int], n: int = 8) -> int:
@@ -71,6 +93,8 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--code-share", type=float, default=0.67)
+    p.add_argument("--docstring-share", type=float, default=0.0,
+                   help="share of code prompts that end where a function's docstring closes")
     p.add_argument("--keep-loops", action=argparse.BooleanOptionalAction, default=True,
                    help="keep looping continuations (for a separate drafting adapter or draft model)")
     p.add_argument("--min-distinct", type=float, default=0.6)
@@ -86,6 +110,9 @@ def main(argv=None):
     train = load_tokens(args.corpus, tok, "train")
     rng = np.random.default_rng(args.seed)
     newline_ids = {i for t, i in tok.get_vocab().items() if tok.convert_tokens_to_string([t]).strip() == ""}
+    doc_ends = docstring_ends(train["code"], tok, args.prompt_len) if args.docstring_share > 0 else None
+    if doc_ends is not None:
+        print(f"{len(doc_ends)} docstring-closing window ends in the code training split", flush=True)
     kept, valid, dropped = [], [], {"loop": 0, "blank": 0, "short": 0}
     total = 0
     t0 = time.time()
@@ -93,8 +120,12 @@ def main(argv=None):
     while time.time() - t0 < args.minutes * 60:
         rows = []
         for _ in range(args.batch_size):
-            arr = train["code" if rng.random() < args.code_share else "prose"]
-            s = rng.integers(0, len(arr) - args.prompt_len)
+            code = rng.random() < args.code_share
+            arr = train["code" if code else "prose"]
+            if code and doc_ends is not None and rng.random() < args.docstring_share:
+                s = int(doc_ends[rng.integers(0, len(doc_ends))]) - args.prompt_len
+            else:
+                s = rng.integers(0, len(arr) - args.prompt_len)
             rows.append(arr[s:s + args.prompt_len])
         prompts = torch.from_numpy(np.stack(rows).astype(np.int64))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):

@@ -64,3 +64,24 @@ def test_loop_cut_and_distinct_ratio():
     assert loop_start(list(range(30))) == 30
     assert distinct4([1, 2, 3, 4] * 5) == 4 / 17
     assert distinct4(list(range(10))) == 1.0
+
+
+def test_docstring_ends_mark_humaneval_shaped_window_ends():
+    """Window ends fall right after a function's docstring closes (and its newline), never after the
+    opening quotes, and never for a docstring-less def."""
+    import numpy as np
+    from transformers import PreTrainedTokenizerFast
+
+    from eval.teacher_data import docstring_ends
+
+    tok = PreTrainedTokenizerFast.from_pretrained(Path(__file__).resolve().parents[1] / "model_cards/recguide-tiny")
+    q = '"' * 3
+    text = (f"import os\n\n\ndef add(a, b):\n    {q}Add two numbers.\n\n    More words here.\n    {q}\n"
+            "    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+            f"def mul(a, b):\n    {q}Multiply.{q}\n    return a * b\n")
+    arr = np.array(tok(text)["input_ids"])
+    ends = docstring_ends(arr, tok, prompt_len=1)
+    prompts = [tok.decode(arr[:e]) for e in ends]
+    assert len(prompts) == 2
+    assert prompts[0].rstrip(" ").endswith(f"More words here.\n    {q}\n")
+    assert prompts[1].rstrip(" ").endswith(f"{q}Multiply.{q}\n")
