@@ -52,6 +52,8 @@ class BlockPolicy:
         else:
             self.candidates = costs.block_sizes if costs is not None else list(PAPER_BLOCK_SIZES)
         self.max_block = max(self.candidates)
+        self._sizes = torch.tensor(self.candidates)
+        self._at_load: dict[int, tuple[float, torch.Tensor]] = {}
         if self.auto and (costs is None or values is None):
             warnings.warn("recguide_block_size='auto' without a cost table and a value table (run `recguide "
                           "profile` and `recguide calibrate`): using the largest candidate block", stacklevel=3)
@@ -82,9 +84,17 @@ class BlockPolicy:
 
     # ------------------------------------------------------------------ block sizes
     def rho(self, c: int) -> float:
-        if self.config.rho is not None:
-            return self.config.rho
-        return max(self.values.mean[b] / self.costs.round_cost(c, b) for b in self.candidates)
+        return self._load(c)[0]
+
+    def _load(self, c: int) -> tuple[float, torch.Tensor]:
+        """(rho_C, round seconds T_C(B) per candidate [K]) at c rows, computed once per c."""
+        if c not in self._at_load:
+            seconds = torch.tensor([self.costs.round_cost(c, b) for b in self.candidates], dtype=torch.float64)
+            rho = self.config.rho
+            if rho is None:
+                rho = max(self.values.mean[b] / t for b, t in zip(self.candidates, seconds.tolist()))
+            self._at_load[c] = (rho, seconds)
+        return self._at_load[c]
 
     def plan(self, rows: torch.Tensor, stats, pending_has: torch.Tensor) -> torch.Tensor:
         """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring)."""
@@ -97,22 +107,27 @@ class BlockPolicy:
         e1, e2 = stats.entropy[rc].unbind(1)
         s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
         prev, full = stats.last_block[rc], stats.last_full[rc]
-        sizes = torch.tensor(self.candidates)
-        value = torch.stack([self.values.values_for(b, s, prev, full) for b in self.candidates], 1)  # [R, K]
-        rho = self.rho(c)
-        own = (value - rho * torch.tensor([self.costs.round_cost(c, b) for b in self.candidates])).argmax(1)
+        value = torch.stack([self.values.values_for(b, s, prev, full) for b in self.candidates], 1).double()  # [R, K]
+        rho, seconds = self._load(c)
+        own = (value - rho * seconds).argmax(1)  # each request's own best block
         pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
-        pinned_at = torch.searchsorted(sizes, prev.clamp(max=self.max_block))
-        plans = [torch.full((c,), k) for k in range(len(sizes))] + [own]  # indices into the candidates
-        best, best_gain = None, -float("inf")
+        if not bool(pinned.any()):
+            uniform = value.sum(0) - c * rho * seconds  # [K] every request at one block: one bucket
+            k = int(uniform.argmax())
+            best, best_gain = torch.full((c,), k), float(uniform[k])
+            plans = [own] if bool((own != own[0]).any()) else []  # own plan = a uniform one: weighed already
+        else:
+            pinned_at = torch.searchsorted(self._sizes, prev.clamp(max=self.max_block))
+            best, best_gain = None, -float("inf")
+            plans = [torch.where(pinned, pinned_at, plan)
+                     for plan in [torch.full((c,), k) for k in range(len(self.candidates))] + [own]]
         for plan in plans:
-            plan = torch.where(pinned, pinned_at, plan)
-            counts = torch.bincount(plan, minlength=len(sizes)).tolist()
-            seconds = sum(self.costs.round_cost(n, b) for n, b in zip(counts, self.candidates) if n)
-            gain = float(value.gather(1, plan[:, None]).sum()) - c * rho * seconds
+            counts = torch.bincount(plan, minlength=len(self.candidates)).tolist()
+            bucket_seconds = sum(self.costs.round_cost(n, b) for n, b in zip(counts, self.candidates) if n)
+            gain = float(value.gather(1, plan[:, None]).sum()) - c * rho * bucket_seconds
             if gain > best_gain:
                 best, best_gain = plan, gain
-        return sizes[best].to(rows.device)
+        return self._sizes[best].to(rows.device)
 
     def buckets(self, rows: torch.Tensor, stats, pending_has: torch.Tensor):
         """Yield (block size, rows) groups: one draft and one verify forward per group."""

@@ -193,3 +193,35 @@ def test_bucketing_one_forward_per_bucket():
     decode = mock.calls[1:]  # after the prefill
     # round 1: bucket B=4 (rows 0, 2) draft + verify, bucket B=8 (rows 1, 3) draft + verify; each forward has 2 rows
     assert [(rows, q) for rows, q, _ in decode[:4]] == [(2, 4), (2, 4), (2, 8), (2, 8)]
+
+
+def test_plan_is_the_best_of_the_weighed_plans():
+    """Brute force: the chosen plan scores, by the module's rule (expected tokens - C rho x summed bucket
+    seconds), the max over every-request-at-one-B plans and the each-at-its-own-B plan."""
+    costs = _costs(fixed=0.0005, per_row=1e-3, per_token=1e-4)
+    values = ValueTable(fit(_synthetic_rounds(), block_sizes=(8, 16, 32), num_bins=2))
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    g = torch.Generator().manual_seed(1)
+    mixed = 0
+    for trial in range(20):
+        c = int(torch.randint(1, 9, (1,), generator=g))
+        stats = Stats(c)
+        stats.entropy[:] = torch.where(torch.rand(c, generator=g) < 0.5, 0.1, 3.0)[:, None]
+        stats.last_block[:] = torch.tensor([1, 8, 16, 32])[torch.randint(0, 4, (c,), generator=g)]
+        stats.last_full[:] = torch.rand(c, generator=g) < 0.5
+        chosen = policy.plan(torch.arange(c), stats, torch.zeros(c, dtype=torch.bool)).tolist()
+        s = [-0.1 if e < 1 else -3.0 for e in stats.entropy[:, 0].tolist()]
+        v = [{b: values.value(b, s[r], int(stats.last_block[r]), bool(stats.last_full[r])) for b in policy.candidates}
+             for r in range(c)]
+        rho = max(values.mean[b] / costs.round_cost(c, b) for b in policy.candidates)
+
+        def gain(plan):
+            buckets = {b: plan.count(b) for b in set(plan)}
+            return sum(v[r][plan[r]] for r in range(c)) - c * rho * sum(costs.round_cost(n, b)
+                                                                         for b, n in buckets.items())
+
+        own = [max(policy.candidates, key=lambda b: v[r][b] - rho * costs.round_cost(c, b)) for r in range(c)]
+        weighed = [[b] * c for b in policy.candidates] + [own]
+        assert gain(chosen) == pytest.approx(max(gain(p) for p in weighed)), trial
+        mixed += len(set(chosen)) > 1
+    assert 0 < mixed < 20  # both kinds of plan won somewhere
