@@ -142,7 +142,8 @@ class ValueTable:
         self.shrink = {int(b): float(v) for b, v in data.get("shrink", {}).items()}
         # per block: [previous blocks, fully accepted?, s bins] for the vectorised lookup
         self._prev_index = {b: i for i, b in enumerate(self.block_sizes)}
-        self._grid = {b: torch.tensor([[self._shrunk(b, self.values[str(b)].get(f"{bp},{f}"))
+        missing = [None] * (len(self.edges) + 1)  # a state the table lacks reads the block's mean
+        self._grid = {b: torch.tensor([[[self._shrunk(b, v) for v in self.values[str(b)].get(f"{bp},{f}", missing)]
                                         for f in (0, 1)] for bp in self.block_sizes], dtype=torch.float32)
                       for b in self.block_sizes}
         self._edges = torch.tensor(self.edges, dtype=torch.float32)
@@ -151,13 +152,10 @@ class ValueTable:
     def load(cls, path: str | Path) -> ValueTable:
         return cls(json.loads(Path(path).read_text()))
 
-    def _shrunk(self, block: int, per_bin: list[float] | None) -> list[float]:
-        """A state's values per s bin, pulled toward the block's mean (a missing state reads the mean)."""
+    def _shrunk(self, block: int, v: float | None) -> float:
+        """One table value pulled toward the block's mean (None, a state the table lacks: the mean)."""
         m = self.mean[block]
-        if per_bin is None:
-            return [m] * (len(self.edges) + 1)
-        lam = self.shrink.get(block, 1.0)
-        return [m + lam * (v - m) for v in per_bin]
+        return m if v is None else m + self.shrink.get(block, 1.0) * (v - m)
 
     def values_for(self, block: int, s: torch.Tensor, prev_block: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         """`value` for many rows at once: s [R] float, prev_block [R] long, full [R] bool -> [R] float.
@@ -180,4 +178,4 @@ class ValueTable:
         per_state = self.values[str(block)].get(f"{prev_block},{int(bool(full))}")
         if per_state is None:
             return self.mean[block]
-        return self._shrunk(block, per_state)[_bin(s, self.edges)]
+        return self._shrunk(block, per_state[_bin(s, self.edges)])

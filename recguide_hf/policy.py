@@ -83,9 +83,6 @@ class BlockPolicy:
         return cls(config, costs, values)
 
     # ------------------------------------------------------------------ block sizes
-    def rho(self, c: int) -> float:
-        return self._load(c)[0]
-
     def _load(self, c: int) -> tuple[float, torch.Tensor]:
         """(rho_C, round seconds T_C(B) per candidate [K]) at c rows, computed once per c."""
         if c not in self._at_load:
