@@ -114,7 +114,8 @@ def cmd_profile(args) -> int:
     out.write_text(json.dumps(table, indent=1) + "\n")
     for c, per_b in table["costs"].items():
         print(f"C={c:>3} " + "  ".join(f"B={b}: draft {v['draft'] * 1e3:.1f} ms, verify "
-                                       + "/".join(f"{t * 1e3:.1f}" for t in v["verify"]) + " ms"
+                                       + "/".join(f"{t * 1e3:.1f}" for t in v["verify"])
+                                       + f" ms, engine {v['host'] * 1e3:.1f} ms"
                                        for b, v in per_b.items()))
     print(f"wrote {out}")
     return 0

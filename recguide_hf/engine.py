@@ -145,7 +145,10 @@ class Engine:
         if active.numel() == 0:
             return False
         for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
-            self._round(rows, block)
+            if block == 1:
+                self._plain_round(rows)
+            else:
+                self._round(rows, block)
         return True
 
     # ------------------------------------------------------------------ setup
@@ -226,6 +229,34 @@ class Engine:
         # the certainty signal is read only by the auto policy (and calibration's round log)
         entropy = verifier_entropy(scores, verdict.num_accepted, eff) if self.wants_entropy else None
         self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
+                                entropy)
+
+    def _plain_round(self, rows: torch.Tensor):
+        """B = 1, the fallback: one plain decoding step per row. The same steps as `_round` at B = 1 (where
+        the draft is empty, nothing is accepted and no branch rides), without the block bookkeeping."""
+        r = rows.numel()
+        count = self.count[rows]
+        seeds = self.seq[rows, self.prompt_width + count - 1][:, None]  # [R, 1]
+        logits = self._forward(rows, seeds, count.new_zeros(r, 1), causal_intra(r, 1, rows.device))
+        self.stats.record_forward(rows, 1)
+        one, none = torch.ones_like(count), torch.zeros_like(count)
+        scores = self.processor(self.seq, self.prompt_width, count, rows, seeds, logits, one)
+        if self.settings.do_sample:  # the bonus token of an empty block, drawn as `_round` draws it
+            empty = DraftBlock(seeds[:, :0], None, None, scores.new_zeros(r, 0, scores.shape[-1]))
+            token = self._accept(empty, scores, none).next_token
+        else:
+            token = scores[:, 0].argmax(-1)
+        self.cache.commit(rows, one)
+        self.seq[rows, self.prompt_width + count] = token
+        self.count[rows] = count + 1
+        done = count + 1 >= self.settings.max_new_tokens
+        if self.settings.eos_token_ids:
+            done |= torch.isin(token, self.eos_ids)
+        self.finished[rows] |= done
+        self.stopper.check(self.seq, self.count, self.finished, old_counts=(rows, count))
+        self.pending.has[rows] = False
+        entropy = verifier_entropy(scores, none, one) if self.wants_entropy else None
+        self.stats.record_round(rows, 1, self.count[rows] - count, none, none, torch.full_like(count, -1), False,
                                 entropy)
 
     def _draft(self, rows: torch.Tensor, seeds: torch.Tensor, eff: torch.Tensor, block: int,

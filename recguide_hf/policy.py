@@ -11,8 +11,9 @@ have bought at the best fixed block, where
   verifier entropy of the last two rounds) and state `z_t = (B_{t-1}, fully accepted?)`, shrunk toward the
   block's mean as far as it failed to predict out of fold (calibrate.py); without history it is the mean;
   `V_1 = 1` exactly: a plain step always yields one token;
-* `T_n(B)` is the measured seconds of a LinearSS round (draft + verify) of block B for n rows
-  (profile.py); `T_n(1)` is one plain decoding step (no draft forward). Requests are bucketed by B, one
+* `T_n(B)` is the measured seconds of a LinearSS round of block B for n rows: its draft and verify
+  forwards plus the engine's own work around them (profile.py); `T_n(1)` is one plain decoding step (no
+  draft forward). Requests are bucketed by B, one
   draft and one verify forward per bucket, so the round costs the SUM over its buckets: splitting a batch
   is priced, and on hardware where a forward has a large fixed cost a split must earn it;
 * `rho_C = max_B mean(V_B) / T_C(B)` per request (set it with `recguide_rho`).

@@ -4,6 +4,12 @@ For each concurrency C (rows in a forward) and block size B the profiler times, 
 * `draft`: one bidirectional block forward, C x B query tokens;
 * `verify[S]`: one verify forward carrying S = 0..3 branch segments of B tokens per row (S = 0: LinearSS).
 B = 1 is a plain decoding step: no draft forward (`draft` = 0) and no branches (`verify` = one token per row).
+* `host`: the engine's own work in one LinearSS round of C rows at block B, outside the forwards (cache
+  binding, masks, acceptance, commit, stopping, the certainty signal, statistics): engine rounds are timed
+  over a backbone whose forward is free (it returns preset logits that reject every draft, so every round
+  emits one token), and the per-round slope is kept. On a CPU it is a few percent of a round; on a GPU, where
+  a small forward takes milliseconds, it can be a large share, and a policy that ignores it over-values
+  small blocks (more rounds, each paying it).
 Medians over repeats, after a warm-up. The table is what the block-size policy and the branch rule read;
 `recguide profile --out DIR/cost_table.json` regenerates it for other hardware.
 """
@@ -19,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .backbone import as_backbone
-from .config import BLOCK_SIZES
+from .config import BLOCK_SIZES, DecodingConfig
 from .masks import block_intra, build_mask, causal_intra, positions
 
 
@@ -53,10 +59,60 @@ def _time_forward(backbone, cache, rows, q, intra, repeats, draft_from: int | No
     return statistics.median(times)
 
 
+class _FreeForward:
+    """The real backbone's geometry and cache, with a forward that costs nothing: it returns a slice of
+    preset logits whose argmax at query place j is token `first + j`, so a draft (read at places 1..) never
+    matches what the verifier wants (read at places 0..) and every round emits exactly one token."""
+
+    def __init__(self, real, rows: int, width: int):
+        self.real = real
+        self.mask_token_id, self.vocab_size = real.mask_token_id, real.vocab_size
+        self.device, self.dtype, self.max_positions = real.device, real.dtype, None
+        self.unmasked_steps = real.unmasked_steps
+        first = 4 if real.mask_token_id >= 4 + width else real.mask_token_id + 1
+        self.logits = torch.zeros(rows, width, real.vocab_size, device=real.device)
+        self.logits[:, torch.arange(width), first + torch.arange(width)] = 10.0
+
+    def new_cache(self, num_rows: int, capacity: int):
+        return self.real.new_cache(num_rows, capacity)
+
+    def forward(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
+        r, q = input_ids.shape
+        if logits_to_keep:
+            return self.logits[:r, :logits_to_keep]
+        return self.logits[:r, :q]
+
+
+def _time_host(backbone, c: int, b: int, repeats: int, rounds: tuple[int, int] = (4, 16)) -> float:
+    """Seconds of engine work per LinearSS round of c rows at block b, outside the forwards (the slope
+    between two run lengths, so set-up and prefill cancel). The certainty signal is computed, as the auto
+    policy computes it every round."""
+    from .engine import Engine, SamplingSettings  # engine -> policy -> this module
+
+    free = _FreeForward(backbone, c, max(b, 2))
+    config = DecodingConfig(mode="linear", block_size=b)
+    prompt = torch.full((c, 8), 4, dtype=torch.long, device=backbone.device)
+
+    def run(n: int) -> float:
+        engine = Engine(free, config, SamplingSettings(max_new_tokens=n, eos_token_ids=[]))
+        engine.wants_entropy = True
+        start = time.perf_counter()
+        engine.generate(prompt)
+        return time.perf_counter() - start
+
+    slopes = []
+    for i in range(repeats + 1):
+        short, long = run(rounds[0]), run(rounds[1])
+        if i:
+            slopes.append((long - short) / (rounds[1] - rounds[0]))
+    return max(statistics.median(slopes), 0.0)
+
+
 @torch.no_grad()
 def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLOCK_SIZES, prefix_len: int = 256,
                   repeats: int = 5, progress=None) -> dict:
-    """Seconds per forward: {"C": {"B": {"draft": t, "verify": [t(S=0), t(S=1), t(S=2), t(S=3)]}}}."""
+    """Seconds per forward, and of the engine's work around them per round:
+    {"C": {"B": {"draft": t, "verify": [t(S=0), t(S=1), t(S=2), t(S=3)], "host": t}}}."""
     backbone = as_backbone(model)
     device = backbone.device
     table: dict = {}
@@ -76,6 +132,7 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
                                   b if s else None)
                     for s in range(4)
                 ]
+            entry["host"] = _time_host(backbone, c, b, repeats)
             table[str(c)][str(b)] = entry
             if progress is not None:
                 progress.update(1)
@@ -105,7 +162,7 @@ class CostTable:
 
         def val(cc):  # a block size the table lacks (fixed-block mode only) reads its nearest neighbour
             bb = b if b in self.costs[cc] else min(self.costs[cc], key=lambda x: abs(x - b))
-            v = self.costs[cc][bb][key]
+            v = self.costs[cc][bb].get(key, 0.0)  # a table from before `host` was measured: 0
             return v[index] if index is not None else v
 
         if lo == hi:
@@ -124,6 +181,10 @@ class CostTable:
         w = segments - lo
         return (1 - w) * self._interp(c, b, "verify", lo) + w * self._interp(c, b, "verify", hi)
 
+    def host(self, c: float, b: int) -> float:
+        """Seconds of the engine's own work in one round of c rows at block b, outside the forwards."""
+        return 0.0 if c < 0.5 else self._interp(c, b, "host")
+
     def round_cost(self, c: float, b: int) -> float:
-        """LinearSS round: one draft + one verify forward."""
-        return self.draft(c, b) + self.verify(c, b)
+        """LinearSS round: one draft + one verify forward + the engine's work around them."""
+        return self.draft(c, b) + self.verify(c, b) + self.host(c, b)

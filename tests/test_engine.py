@@ -4,13 +4,15 @@ import pytest
 import torch
 from conftest import EOS, MASK, PAD, left_pad, random_prompts, tiny_model
 from mock_backbone import MockBackbone
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, RepetitionPenaltyLogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 import recguide_hf
 from recguide_hf.backbone import as_backbone
 from recguide_hf.config import DecodingConfig
 from recguide_hf.engine import Engine, SamplingSettings
 from recguide_hf.policy import BlockPolicy
+from recguide_hf.processors import ScoreProcessor
+from recguide_hf.stopping import StopChecker
 
 
 def hf_greedy(model, ids, mask, **kw):
@@ -45,6 +47,39 @@ def test_parity_plain_steps_mixed_with_speculation(model):
     out, stats = engine.generate(ids, mask)
     assert torch.equal(out, ref[:, :out.shape[1]]) and out.shape == ref.shape
     assert set(stats.as_dict()["block_sizes"]) == {1, 8}
+
+
+def test_plain_round_equals_the_general_round_at_one(model):
+    """`_plain_round` (the lean B = 1 path) against `_round(rows, 1)` (the general path, where the draft is
+    empty): the same sequences and statistics, greedy with EOS, processors and a stopping criterion, and
+    sampled with one seed."""
+    ids, mask = left_pad(random_prompts(4, 96, min_len=2, max_len=11, seed=21))
+    free = hf_greedy(model, ids, mask, max_new_tokens=16)
+    stop = StoppingCriteriaList([StopAfterToken(int(free[1, ids.shape[1] + 3]))])
+    eos = int(free[2, ids.shape[1] + 5])  # a token row 2 emits, as EOS
+    cases = [(False, [EOS, eos], stop), (True, [EOS], None)]
+    for do_sample, eos_ids, criteria in cases:
+        outs = []
+        for lean in (True, False):
+            settings = SamplingSettings(max_new_tokens=16, eos_token_ids=eos_ids, pad_token_id=PAD,
+                                        do_sample=do_sample)
+            cfg = DecodingConfig(mode="linear", block_size=1)
+            processor = ScoreProcessor([RepetitionPenaltyLogitsProcessor(1.4)], MASK)
+            engine = Engine(as_backbone(model), cfg, settings, processor=processor,
+                            stopper=StopChecker(criteria or [], PAD))
+            if not lean:
+                engine._plain_round = lambda rows, e=engine: e._round(rows, 1)
+            torch.manual_seed(5)
+            out, stats = engine.generate(ids, mask)
+            outs.append((out, stats.as_dict()))
+        assert torch.equal(outs[0][0], outs[1][0]), do_sample
+        assert outs[0][1] == outs[1][1], do_sample
+        assert outs[0][1]["block_sizes"] == {1: outs[0][1]["rounds"]}
+    greedy = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=1),
+                    SamplingSettings(max_new_tokens=16, eos_token_ids=[EOS, eos], pad_token_id=PAD))
+    out, _ = greedy.generate(ids, mask)
+    assert torch.equal(out, hf_greedy(model, ids, mask, max_new_tokens=16, eos_token_id=[EOS, eos])[:, :out.shape[1]])
+    assert bool((out[2, ids.shape[1]:] == PAD).any())  # the EOS stopped row 2 early
 
 
 def test_plain_steps_without_a_mask_when_rows_need_none(model):

@@ -102,6 +102,37 @@ def test_plain_step_is_the_fallback_when_drafts_do_not_pay():
     assert choose(narrowed, 8, -3.0, 8, False) == 8  # the paper's set: no fallback
 
 
+def test_the_engine_work_of_a_round_is_priced_too():
+    """`host` (the engine's work per round outside the forwards, `recguide profile`) is part of a round's cost:
+    every round pays it, plain steps included, so when it is large next to a plain step more rounds of one
+    token stop paying and the unsure request that took B = 1 drafts again. A table without it reads 0."""
+    costs, values = _tables(flat_cost=True, step=0.006)
+    assert costs.host(8, 8) == 0.0 and costs.round_cost(8, 8) == pytest.approx(0.02)
+    assert choose(BlockPolicy(DecodingConfig(block_size="auto"), costs, values), 8, -3.0, 8, False) == 1
+    for per_b in costs.data["costs"].values():
+        for entry in per_b.values():
+            entry["host"] = 0.1
+    costs = CostTable(costs.data)
+    assert costs.host(8, 1) == 0.1 and costs.round_cost(8, 8) == pytest.approx(0.12)
+    assert choose(BlockPolicy(DecodingConfig(block_size="auto"), costs, values), 8, -3.0, 8, False) > 1
+
+
+def test_host_time_is_measured_over_free_forwards(model):
+    """The profiler's engine-work timer runs real engine rounds over a forward that costs nothing and rejects
+    every draft: one token per round, so the slope between two run lengths is seconds per round."""
+    from recguide_hf.backbone import as_backbone
+    from recguide_hf.profile import _FreeForward, _time_host
+
+    bb = as_backbone(model)
+    free = _FreeForward(bb, 3, 8)
+    engine = Engine(free, DecodingConfig(mode="linear", block_size=8), SamplingSettings(max_new_tokens=9))
+    out, stats = engine.generate(torch.full((3, 5), 4))
+    assert stats.as_dict()["rounds"] == 27 and stats.as_dict()["accepted_drafts"] == 0
+    assert out[:, 5:].unique().numel() == 1  # every round emits the verifier's token at place 0
+    for b in (1, 8):
+        assert 0.0 < _time_host(bb, 3, b, repeats=1) < 0.1
+
+
 def _plan_mixed(costs, values, c=8):
     """Plan a batch of c requests, the even ones confident (s = -0.1), the odd ones unsure (s = -3.0)."""
     policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
