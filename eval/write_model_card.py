@@ -113,10 +113,17 @@ def adapter_section(card: Path) -> list[str]:
              f"{a['kl_weight']} x KL to its distribution, weighted exp(-(k-1)/{a['decay']}) by place k in the block.",
              ""]
     if t:
-        lines += [f"Teacher data: {t['seen']:,} greedy continuations ({t['kept_tokens']:,} tokens, loops kept) of "
-                  f"random training-split windows, generated in {t['seconds'] / 60:.1f} minutes "
-                  f"(`python eval/teacher_data.py --minutes {t['args']['minutes']} --prompt-len "
-                  f"{t['args']['prompt_len']} --new-tokens {t['args']['new_tokens']} --out {a['teacher_data']}`).", ""]
+        ta = t["args"]
+        share = float(ta.get("docstring_share", 0) or 0)
+        windows = "random training-split windows" + (
+            f", {share:.0%} of the code ones ending where a function's docstring closes (HumanEval's prompt shape)"
+            if share else "")
+        flags = "".join(f" --{k.replace('_', '-')} {ta[k]}" for k in ("seed", "docstring_share")
+                        if k in ta and float(ta[k] or 0))
+        lines += [f"Teacher data of the last session: {t['seen']:,} greedy continuations ({t['kept_tokens']:,} "
+                  f"tokens, loops kept) of {windows}, generated in {t['seconds'] / 60:.1f} minutes "
+                  f"(`python eval/teacher_data.py --minutes {ta['minutes']} --prompt-len {ta['prompt_len']} "
+                  f"--new-tokens {ta['new_tokens']}{flags} --out {a['teacher_data']}`).", ""]
     sessions = log.get("sessions", []) + [{k: log[k] for k in ("args", "step", "elapsed", "tokens", "teacher_data")}]
     runs = "; ".join(_distill_command(x["args"]) for x in sessions)
     lines += [f"Training: {minutes:.0f} CPU minutes in all over {len(sessions)} session(s), "
@@ -267,12 +274,15 @@ def plot_curve(log: dict, out: Path, title: str):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    xs = [e["minutes"] for e in log["log"]]
+    # a session that continues an adapter re-measures its starting point: one point per minute mark
+    points = [e for i, e in enumerate(log["log"]) if i + 1 == len(log["log"]) or
+              log["log"][i + 1]["minutes"] != e["minutes"]]
+    xs = [e["minutes"] for e in points]
     for name, style in (("code", "-"), ("prose", "--")):
         for b, color in ((8, "tab:blue"), (16, "tab:orange"), (32, "tab:green")):
             key = f"tau_{name}_B{b}"
-            if key in log["log"][0]:
-                ax.plot(xs, [e[key] for e in log["log"]], style, color=color, marker="o", ms=3,
+            if key in points[0]:
+                ax.plot(xs, [e[key] for e in points], style, color=color, marker="o", ms=3,
                         label=f"{name}, B={b}")
     ax.set_xlabel("training minutes (2-core CPU, one thread)")
     ax.set_ylabel("tau (tokens per round), held-out")
