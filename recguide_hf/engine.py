@@ -167,9 +167,7 @@ class Engine:
         self.cache = self.backbone.new_cache(num_rows, capacity)
         self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
                               device=device)
-        self.pads = torch.zeros(num_rows, dtype=torch.long, device=device)
         self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
-        self.padded = torch.zeros(num_rows, dtype=torch.bool)  # host copy of pads > 0 (read without a device wait)
         self.count = torch.zeros(num_rows, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
         self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
         self.pending = br.PendingBlocks(num_rows, self.policy.max_block, device)
@@ -182,25 +180,28 @@ class Engine:
             raise ValueError("Every prompt needs at least one token (found an empty, all-padding prompt)")
         self.seq[rows] = self.settings.pad_token_id
         self.seq[rows, : self.prompt_width] = input_ids
-        self.pads[rows] = pads
-        self.padded[rows.cpu()] = pads.cpu() > 0
         self.count[rows] = 0
         self.finished[rows] = self.settings.max_new_tokens <= 0
         self.pending.has[rows] = False
         self.stats.reset_rows(rows)
         self.cache.reset_rows(rows)
-        self._prefill(rows, input_ids)
+        self._prefill(rows, input_ids, pads)
 
-    def _prefill(self, rows: torch.Tensor, input_ids: torch.Tensor):
-        """Write all prompt tokens but the last (the first seed) into the cache."""
+    def _prefill(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor):
+        """Write all prompt tokens but the last (the first seed) into the cache, from slot 0 and without the
+        left padding: each row's tokens are shifted left (right-padded in this forward, whose padded places are
+        never committed), so the cache holds no padding, a row's position is its slot, and a row's mask only
+        has to hide slots past its own length (none at all for rows of one length)."""
         n, w = input_ids.shape
-        if w == 1:
+        lengths = w - 1 - pads  # prompt tokens before the seed, per row
+        width = int(lengths.max())
+        if width == 0:
             return
-        col = torch.arange(w - 1, device=input_ids.device)
-        intra = causal_intra(n, w - 1, input_ids.device) & (col[None, None, :] >= self.pads[rows][:, None, None])
+        col = torch.arange(width, device=input_ids.device)
+        packed = input_ids.gather(1, (pads[:, None] + col[None, :]).clamp(max=w - 2))
         offsets = col[None, :].expand(n, -1)
-        self._forward(rows, input_ids[:, :-1], offsets, intra, logits_to_keep=1)
-        self.cache.commit(rows, torch.full_like(rows, w - 1))
+        self._forward(rows, packed, offsets, causal_intra(n, width, input_ids.device), logits_to_keep=1)
+        self.cache.commit(rows, lengths)
 
     # ------------------------------------------------------------------ one round for one bucket
     def _round(self, rows: torch.Tensor, block: int):
@@ -374,17 +375,16 @@ class Engine:
     def _prepare(self, rows, ids, offsets, intra, write_offset: int = 0):
         """Cache binding, additive mask and position ids of one forward (no device wait).
 
-        A plain step (one query per row) over rows with no padding and one committed length sees every slot
-        before it, which is what the model does with no mask at all: then no mask is built and attention
-        takes its unmasked path, as in HF's own decoding step."""
+        The cache holds no padding (`_prefill`), so a plain step (one query per row) over rows of one
+        committed length sees every slot before it, which is what the model does with no mask at all: then
+        no mask is built and attention takes its unmasked path, as in HF's own decoding step."""
         binding = self.cache.prepare(rows, ids.shape[1], write_offset)
-        rows_cpu = rows.cpu()
-        lengths_cpu = self.cache.lengths[rows_cpu]
+        lengths_cpu = self.cache.lengths[rows.cpu()]
         lengths = lengths_cpu.to(ids.device)
-        pads = self.pads[rows]
-        pos = positions(lengths, pads, offsets).clamp(min=0)
+        pads = torch.zeros_like(lengths)
+        pos = positions(lengths, pads, offsets)
         if (ids.shape[1] == 1 and write_offset == 0 and self.backbone.unmasked_steps
-                and not bool(self.padded[rows_cpu].any()) and bool((lengths_cpu == lengths_cpu[0]).all())):
+                and bool((lengths_cpu == lengths_cpu[0]).all())):
             return binding, None, pos
         mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=self.backbone.dtype, write_offset=write_offset)
         return binding, mask, pos

@@ -3,7 +3,8 @@
 For each concurrency C (rows in a forward) and block size B the profiler times, over a cached prefix:
 * `draft`: one bidirectional block forward, C x B query tokens;
 * `verify[S]`: one verify forward carrying S = 0..3 branch segments of B tokens per row (S = 0: LinearSS).
-B = 1 is a plain decoding step: no draft forward (`draft` = 0) and no branches (`verify` = one token per row).
+B = 1 is a plain decoding step: no draft forward (`draft` = 0) and no branches (`verify` = one token per row),
+unmasked for one request and masked for several (requests in flight together have different lengths).
 * `host`: the engine's own work in one LinearSS round of C rows at block B, outside the forwards (cache
   binding, masks, acceptance, commit, stopping, the certainty signal, statistics): engine rounds are timed
   over a backbone whose forward is free (it returns preset logits that reject every draft, so every round
@@ -44,9 +45,10 @@ def _time_forward(backbone, cache, rows, q, intra, repeats, draft_from: int | No
     for i in range(repeats + 1):
         binding = cache.prepare(rows, q)
         cache.use(binding)
-        # a plain step over rows of one length runs unmasked in the engine (`Engine._prepare`): time that
-        mask = None if q == 1 and backbone.unmasked_steps else build_mask(lengths, pads, intra, binding.kv_len,
-                                                                         dtype=backbone.dtype)
+        # a plain step over rows of one length runs unmasked in the engine (`Engine._prepare`): one request
+        # always does; requests served together have different lengths and need the mask, so C > 1 is timed so
+        mask = None if q == 1 and backbone.unmasked_steps and rows.numel() == 1 else build_mask(
+            lengths, pads, intra, binding.kv_len, dtype=backbone.dtype)
         pos = positions(lengths, pads, torch.arange(q, device=rows.device))
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
@@ -92,12 +94,13 @@ def _time_host(backbone, c: int, b: int, repeats: int, rounds: tuple[int, int] =
     free = _FreeForward(backbone, c, max(b, 2))
     config = DecodingConfig(mode="linear", block_size=b)
     prompt = torch.full((c, 8), 4, dtype=torch.long, device=backbone.device)
+    mask = (torch.arange(8)[None, :] >= (torch.arange(c) % 4)[:, None]).long()  # rows of different lengths
 
     def run(n: int) -> float:
         engine = Engine(free, config, SamplingSettings(max_new_tokens=n, eos_token_ids=[]))
         engine.wants_entropy = True
         start = time.perf_counter()
-        engine.generate(prompt)
+        engine.generate(prompt, mask.to(backbone.device))
         return time.perf_counter() - start
 
     slopes = []

@@ -83,8 +83,9 @@ def test_plain_round_equals_the_general_round_at_one(model):
 
 
 def test_plain_steps_without_a_mask_when_rows_need_none(model):
-    """A plain step over unpadded rows of one length runs with no mask (HF's own decoding path): the logits
-    of the engine's 4D-masked forward to float rounding, HF's greedy output exactly; padded rows keep the mask."""
+    """A plain step over rows of one committed length runs with no mask (HF's own decoding path): the logits
+    of the engine's 4D-masked forward to float rounding, HF's greedy output exactly; rows of different
+    lengths keep the mask. Prompts enter the cache without their left padding."""
     seen = []
 
     class Spy(type(as_backbone(model))):
@@ -107,9 +108,20 @@ def test_plain_steps_without_a_mask_when_rows_need_none(model):
     assert torch.equal(out, hf_greedy(model, same_length, None, max_new_tokens=12))
     assert len(seen) == 12 and max(seen) < 1e-5  # every step; the masked logits agree to float rounding
     seen.clear()
-    ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=2))
-    out, _ = Engine(Spy(model), cfg, settings).generate(ids, mask)
-    assert torch.equal(out, hf_greedy(model, ids, mask, max_new_tokens=12)) and not seen  # padded: masked
+    prompts = random_prompts(3, 96, min_len=2, max_len=9, seed=2)
+    ids, mask = left_pad(prompts)
+    engine = Engine(Spy(model), cfg, settings)
+    out, _ = engine.generate(ids, mask)
+    assert torch.equal(out, hf_greedy(model, ids, mask, max_new_tokens=12)) and not seen  # lengths differ: masked
+    # the cache holds no padding: every row's committed length is its own prompt + new tokens, seed excluded
+    assert engine.cache.lengths.tolist() == [len(p) + 12 - 1 for p in prompts] != [ids.shape[1] + 11] * 3
+    # one request at a time (serving, prompts of different lengths padded to the widest): unmasked steps
+    prompts = random_prompts(3, 96, min_len=2, max_len=9, seed=3)
+    records = Engine(Spy(model), cfg, settings).serve(prompts, slots=1)
+    assert len(seen) >= 3 * 12 and max(seen) < 1e-5  # every step (and a one-token prefill)
+    for prompt, rec in zip(prompts, records):
+        ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=12, eos_token_id=None)
+        assert rec["new_ids"] == ref[0, len(prompt):].tolist()
 
 
 def test_parity_many_prompts_one_at_a_time():

@@ -133,6 +133,20 @@ def test_host_time_is_measured_over_free_forwards(model):
         assert 0.0 < _time_host(bb, 3, b, repeats=1) < 0.1
 
 
+def test_profile_table_has_every_part_of_a_round(model):
+    from recguide_hf.profile import profile_costs
+
+    table = profile_costs(model, concurrencies=(1, 2), block_sizes=(1, 4), prefix_len=16, repeats=1)
+    costs = CostTable(table)
+    assert costs.concurrencies == [1, 2] and costs.block_sizes == [1, 4]
+    for c in ("1", "2"):
+        step, block = table["costs"][c]["1"], table["costs"][c]["4"]
+        assert step["draft"] == 0.0 and len(set(step["verify"])) == 1  # a plain step: no draft, no branches
+        assert block["draft"] > 0 and len(block["verify"]) == 4
+        assert step["host"] > 0 and block["host"] > 0
+        assert costs.round_cost(int(c), 4) == pytest.approx(block["draft"] + block["verify"][0] + block["host"])
+
+
 def _plan_mixed(costs, values, c=8):
     """Plan a batch of c requests, the even ones confident (s = -0.1), the odd ones unsure (s = -3.0)."""
     policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
