@@ -77,7 +77,15 @@ def round_table(res: Path) -> str:
                             f"| {v['outside_share']:.0%} | {step} |")
     if not cmds:
         return "(run `python eval/round_profile.py --out eval/results/round_profile.json`)"
-    return "\n".join(rows) + "\n\nMeasured with " + "; ".join(cmds) + " on an idle CPU."
+    hf = {label: json.loads(path.read_text())["results"][0] for label, path in files if path.exists()}
+    hf = {label: row["hf_ms_per_step"] for label, row in hf.items() if row.get("hf_ms_per_step")}
+    speed = ""
+    if len(hf) > 1:  # the same HF step, timed in each run: how far the host's own speed moved between them
+        speed = (" The host's speed differs between runs: HF's own decoding step at C = 1 took "
+                 + ", ".join(f"{ms:.1f} ms ({label})" for label, ms in hf.items())
+                 + " on the same 2-core VM, so compare the shares and ratios within a run, not milliseconds "
+                   "across runs.")
+    return "\n".join(rows) + "\n\nMeasured with " + "; ".join(cmds) + " on an idle CPU." + speed
 
 
 def threads_note(res: Path) -> str:
