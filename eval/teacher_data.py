@@ -72,14 +72,16 @@ def greedy(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Plain greedy decoding with a static cache (a growing DynamicCache copies itself every step)."""
     length = prompts.shape[1]
     cache = StaticCache(config=model.config, max_cache_len=length + new_tokens)
-    logits = model(input_ids=prompts, cache=cache, use_cache=True, cache_position=torch.arange(length)).logits[:, -1]
+    dev = prompts.device
+    logits = model(input_ids=prompts, cache=cache, use_cache=True,
+                   cache_position=torch.arange(length, device=dev)).logits[:, -1]
     out = []
     for i in range(new_tokens):
         logits[:, model.config.mask_token_id] = float("-inf")
         nxt = logits.argmax(-1, keepdim=True)
         out.append(nxt)
         logits = model(input_ids=nxt, cache=cache, use_cache=True,
-                       cache_position=torch.tensor([length + i])).logits[:, -1]
+                       cache_position=torch.tensor([length + i], device=dev)).logits[:, -1]
     return torch.cat(out, dim=1)
 
 
@@ -102,11 +104,13 @@ def main(argv=None):
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cuda: generate on a GPU (use a large --batch-size there)")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.teacher)
-    model = RecGuideForCausalLM.from_pretrained(args.teacher, dtype=torch.float32).eval()
+    device = torch.device(args.device)
+    model = RecGuideForCausalLM.from_pretrained(args.teacher, dtype=torch.float32).to(device).eval()
     train = load_tokens(args.corpus, tok, "train")
     rng = np.random.default_rng(args.seed)
     newline_ids = {i for t, i in tok.get_vocab().items() if tok.convert_tokens_to_string([t]).strip() == ""}
@@ -128,8 +132,8 @@ def main(argv=None):
                 s = rng.integers(0, len(arr) - args.prompt_len)
             rows.append(arr[s:s + args.prompt_len])
         prompts = torch.from_numpy(np.stack(rows).astype(np.int64))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            cont = greedy(model, prompts, args.new_tokens)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            cont = greedy(model, prompts.to(device), args.new_tokens).cpu()
         for prompt, c in zip(prompts.tolist(), cont.tolist()):
             total += 1
             if tok.eos_token_id in c:
