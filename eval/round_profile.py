@@ -34,12 +34,13 @@ from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
 from recguide_hf.stats import Stats  # noqa: E402
 
-PHASES = ("plan", "draft", "branch_plan", "verify", "process", "accept", "commit", "reuse", "record")
+PHASES = ("plan", "draft", "branch_plan", "verify", "process", "accept", "commit", "reuse", "record", "plain")
 
 
 class Clock:
-    """Accumulates wall seconds per label. A `forward` is booked apart from the phase that called it, and as
-    `prefill_forward` when the prefill called it."""
+    """Accumulates wall seconds per label. A timed call inside another (a `forward`, or the processor and the
+    statistics inside a plain round) is booked apart from the phase that called it; a forward the prefill
+    called is booked as `prefill_forward`."""
 
     def __init__(self):
         self.seconds = defaultdict(float)
@@ -56,7 +57,7 @@ class Clock:
                 dt = time.perf_counter() - t0
                 parent = self.stack[-1] if self.stack else None
                 self.seconds["prefill_forward" if parent == "prefill" else label] += dt
-                if label == "forward" and parent is not None:
+                if parent is not None:
                     self.seconds[parent] -= dt
         return timed
 
@@ -80,7 +81,8 @@ def run_engine(model, enc, block: int, max_new: int, eos: list[int]) -> dict:
     engine.backbone.forward = clock.wrap("forward", engine.backbone.forward)
     engine.policy.buckets = clock.wrap("plan", engine.policy.buckets)
     for phase, name in (("prefill", "_prefill"), ("draft", "_draft"), ("branch_plan", "_plan"),
-                        ("verify", "_verify"), ("accept", "_accept"), ("commit", "_commit")):
+                        ("verify", "_verify"), ("accept", "_accept"), ("commit", "_commit"),
+                        ("plain", "_plain_round")):
         setattr(engine, name, clock.wrap(phase, getattr(engine, name)))
     engine.processor = _TimedProcessor(engine.processor, clock)
     reuse, record = branches.reuse, Stats.record_round
