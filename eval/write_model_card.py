@@ -90,11 +90,16 @@ def verifier_section(logs: dict) -> list[str]:
     return lines
 
 
+def adapter_log(card: Path) -> dict | None:
+    """The drafting adapter's training log (eval/distill.py), if the folder carries an adapter."""
+    path = card / "draft_lora" / "distill_log.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def adapter_section(card: Path) -> list[str]:
-    log_path = card / "draft_lora" / "distill_log.json"
-    if not log_path.exists():
+    log = adapter_log(card)
+    if log is None:
         return []
-    log = json.loads(log_path.read_text())
     a, cfg = log["args"], json.loads((card / "draft_lora" / "adapter_config.json").read_text())
     size = (card / "draft_lora" / "adapter_model.safetensors").stat().st_size
     t = log.get("teacher_data") or {}
@@ -193,8 +198,8 @@ def measured_section(card: Path) -> list[str]:
 
 def verifier_parameters(card: Path, res: dict) -> int:
     """eval_results.json counts every parameter of the loaded folder, the attached drafting adapter included."""
-    lora_log = card / "draft_lora" / "distill_log.json"
-    adapter = json.loads(lora_log.read_text())["trainable_parameters"] if lora_log.exists() else 0
+    log = adapter_log(card)
+    adapter = log["trainable_parameters"] if log else 0
     return res["num_parameters"] - adapter
 
 
@@ -202,9 +207,9 @@ def limitations(card: Path) -> list[str]:
     after = json.loads((card / "eval_results.json").read_text())
     he = after["linear_ss"].get("humaneval_B16", {})
     minutes = sum(ph["minutes"] for ph in json.loads((card / "training_log.json").read_text()).values())
-    lora_log = card / "draft_lora" / "distill_log.json"
-    if lora_log.exists():
-        minutes += json.loads(lora_log.read_text())["log"][-1]["minutes"]
+    log = adapter_log(card)
+    if log:
+        minutes += log["log"][-1]["minutes"]
     lines = ["## Known limitations", "",
              f"* A {verifier_parameters(card, after) / 1e6:.0f}M-parameter model trained for {minutes / 60:.1f} CPU "
              "hours in all (verifier and drafting adapter): its greedy continuations of code loop "
@@ -357,10 +362,9 @@ def main(argv=None):
     p.add_argument("--assistant", type=Path, default=ROOT / "model_cards" / "recguide-tiny-assistant")
     p.add_argument("--runs", type=Path, nargs="*", default=None, help="refresh training_log.json from these runs")
     args = p.parse_args(argv)
-    lora_log = args.card / "draft_lora" / "distill_log.json"
-    if lora_log.exists():
-        plot_curve(json.loads(lora_log.read_text()), args.card / "draft_lora" / "tau_curve.png",
-                   "recguide-tiny drafting adapter: tau vs training")
+    log = adapter_log(args.card)
+    if log:
+        plot_curve(log, args.card / "draft_lora" / "tau_curve.png", "recguide-tiny drafting adapter: tau vs training")
     write_main_card(args.card, args.runs)
     if (args.assistant / "distill_log.json").exists():
         write_assistant_card(args.assistant)
