@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 MODES = ("ar", "linear", "recguide")
 OVERLAPS = ("fused", "streams", "off")
+FIRST_DRAFTS = ("mask", "verifier")
 MIN_BLOCK, MAX_BLOCK = 1, 64  # B = 1: a plain decoding step (no draft forward)
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what `recguide profile` measures by default
 PAPER_BLOCK_SIZES = (8, 16, 32)  # the paper's candidates (an 8B model on a B200)
@@ -32,10 +33,15 @@ class DecodingConfig:
     cost_table: str | None = None  # measured forward costs (`recguide profile`); None = never drop branches
     value_table: str | None = None  # calibrated V_B(s, z) (`recguide calibrate`), used by "auto"
     rho: float | None = None  # cost weight in the "auto" policy; None = from the cost table
+    # where d_1 comes from: "mask" (DESIGN 2.1: the first mask position, like every other draft) or
+    # "verifier" (the seed's own next-token logits, computed causally with the base weights inside the draft
+    # forward: the verifier's prediction, so a greedy d_1 is always accepted)
+    first_draft: str = "mask"
 
     def __post_init__(self):
         _check(self.mode in MODES, "recguide_mode", self.mode, f"one of {MODES}")
         _check(self.overlap in OVERLAPS, "recguide_overlap", self.overlap, f"one of {OVERLAPS}")
+        _check(self.first_draft in FIRST_DRAFTS, "recguide_first_draft", self.first_draft, f"one of {FIRST_DRAFTS}")
         if isinstance(self.block_size, str):
             _check(self.block_size == "auto", "recguide_block_size", self.block_size,
                    f'an integer from {MIN_BLOCK} to {MAX_BLOCK} or "auto"')

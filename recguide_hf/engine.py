@@ -277,11 +277,21 @@ class Engine:
         valid = torch.arange(q, device=rows.device)[None, :] < sub_eff[:, None]  # [S, q]
         intra = block_intra(sub.numel(), q, rows.device) & valid[:, None, :]
         offsets = torch.arange(q, device=rows.device).expand(sub.numel(), -1)
-        # every token is a draft token (padding past a row's eff is invisible to the others and never committed)
-        logits = self._forward(sub, ids, offsets, intra, draft_mask=True)  # [S, q, V]
+        if self.config.first_draft == "verifier":
+            # the seed sees the prefix and itself only, with the base weights: its logits are the verifier's
+            # next-token prediction, d_1; the mask positions (drafting adapter on) draft d_2 .. from place 2
+            intra = intra.clone()
+            intra[:, 0, 1:] = False
+            draft_mask = (torch.arange(q, device=rows.device) >= 1).expand(sub.numel(), -1)
+            logits = self._forward(sub, ids, offsets, intra, draft_mask=draft_mask)  # [S, q, V]
+            draft_logits = torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
+        else:
+            # every token is a draft token (padding past a row's eff is invisible to the others, never committed)
+            logits = self._forward(sub, ids, offsets, intra, draft_mask=True)  # [S, q, V]
+            draft_logits = logits[:, 1:]
         self.stats.record_forward(sub, q)
         temperature = self.settings.draft_temperature if self.settings.do_sample else None
-        fresh = make_draft(logits[:, 1:], self.mask_id, self.settings.eos_token_ids, temperature, with_risk)
+        fresh = make_draft(draft_logits, self.mask_id, self.settings.eos_token_ids, temperature, with_risk)
         for name in ("ids", "margin", "correction", "probs"):
             target = getattr(draft, name)
             if target is not None and getattr(fresh, name) is not None:

@@ -82,6 +82,28 @@ def test_plain_round_equals_the_general_round_at_one(model):
     assert bool((out[2, ids.shape[1]:] == PAD).any())  # the EOS stopped row 2 early
 
 
+def test_first_draft_from_the_verifier(model):
+    """`recguide_first_draft="verifier"`: d_1 is the seed's causal next-token prediction inside the draft
+    forward, so greedy output = HF greedy and every LinearSS round accepts at least d_1 (RecGuide's rounds
+    that reuse a branch got their block from the branch's mask positions)."""
+    prompts = random_prompts(5, 96, min_len=1, max_len=20, seed=31)
+    ids, mask = left_pad(prompts)
+    ref = hf_greedy(model, ids, mask, max_new_tokens=25)
+    for mode, block in (("linear", 2), ("linear", 8), ("recguide", 8), ("recguide", 16)):
+        cfg = DecodingConfig(mode=mode, block_size=block, first_draft="verifier")
+        settings = SamplingSettings(max_new_tokens=25, eos_token_ids=[EOS], pad_token_id=PAD)
+        out, stats = Engine(as_backbone(model), cfg, settings).generate(ids, mask, log_rounds=True)
+        assert torch.equal(out, ref[:, :out.shape[1]]) and out.shape == ref.shape, (mode, block)
+        drafted = [(n, k) for _, _, n, k, _ in stats.round_log if k >= 1]
+        assert drafted and (mode == "recguide" or all(n >= 1 for n, _ in drafted)), (mode, block)
+        if mode == "linear":  # from the mask position instead, the random model's d_1 is rarely right
+            base = Engine(as_backbone(model), DecodingConfig(mode=mode, block_size=block), settings)
+            _, stats = base.generate(ids, mask, log_rounds=True)
+            assert sum(n >= 1 for _, _, n, k, _ in stats.round_log if k >= 1) < len(drafted)
+    with pytest.raises(ValueError, match="recguide_first_draft"):
+        DecodingConfig(first_draft="seed")
+
+
 def test_plain_steps_without_a_mask_when_rows_need_none(model):
     """A plain step over rows of one committed length runs with no mask (HF's own decoding path): the logits
     of the engine's 4D-masked forward to float rounding, HF's greedy output exactly; rows of different
@@ -231,7 +253,8 @@ def test_batch_composition_does_not_change_output(model):
         assert (batched[i, width + len(new_alone):] == 2).all()  # then only padding
 
 
-def test_sampling_matches_verifier_distribution():
+@pytest.mark.parametrize("first_draft", ["mask", "verifier"])
+def test_sampling_matches_verifier_distribution(first_draft):
     """Empirical distribution of the 2nd new token vs the exact verifier distribution (TV bound)."""
     model = tiny_model(seed=11, vocab=12, init_scale=0.08, layers=1)
     prompt = torch.tensor([[5, 7, 4]])
@@ -240,7 +263,7 @@ def test_sampling_matches_verifier_distribution():
     gc = GenerationConfig(do_sample=True, top_k=None, temperature=1.0, max_new_tokens=2, eos_token_id=EOS,
                           pad_token_id=2, suppress_tokens=[MASK])
     out = recguide_hf.generate(model, prompt.expand(n, -1), generation_config=gc, recguide_block_size=4,
-                               recguide_mode="linear")
+                               recguide_mode="linear", recguide_first_draft=first_draft)
     second = out[:, -1]
     with torch.no_grad():
         def probs(ids):
