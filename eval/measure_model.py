@@ -11,6 +11,8 @@
 * mean distinct-4-gram ratio of the greedy continuations (1.0 = no repeated 4-gram; loops score low);
 * whether LinearSS output equalled plain HF greedy for every prompt (lossless check);
 * sampling (temperature 0.8, LinearSS at `--parity-block`): TPF and tau.
+* LinearSS at `--first-draft-block` with `recguide_first_draft="verifier"` (d_1 from the seed's own causal
+  logits), beside the default.
 
 `--no-adapter` measures the folder without its drafting adapter (`draft_lora/`): the drafter before it.
 """
@@ -80,14 +82,16 @@ def novel_rounds(tokens: list[int], spans: list[tuple[int, int]], n: int = 8) ->
     return [not any(repeat_end[a:b]) for a, b in spans]
 
 
-def run_set(model, tokenizer, prompts: list[str], block: int, max_new: int, batch: int, check_parity: bool):
+def run_set(model, tokenizer, prompts: list[str], block: int, max_new: int, batch: int, check_parity: bool,
+            first_draft: str = "mask"):
     """LinearSS at `block` through the engine with its round log: tau, novel-text tau, acceptance profile."""
     eos = model.generation_config.eos_token_id
     emitted, novel, accepted, d4, equal = [], [], [], [], True
     for i in tqdm(range(0, len(prompts), batch), desc=f"B={block}", leave=False):
         enc = tokenizer(prompts[i:i + batch], return_tensors="pt", padding=True)
         settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos], pad_token_id=tokenizer.pad_token_id)
-        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block), settings)
+        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block, first_draft=first_draft),
+                        settings)
         seqs, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
         width = enc["input_ids"].shape[1]
         per_row: dict[int, list[tuple[int, int]]] = {}
@@ -145,6 +149,8 @@ def main(argv=None):
     p.add_argument("--parity-block", type=int, default=16, help="also compare with HF greedy at this B")
     p.add_argument("--no-adapter", action="store_true", help="without the folder's drafting adapter (draft_lora/)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling run (0: none)")
+    p.add_argument("--first-draft-block", type=int, default=16,
+                   help="also LinearSS with recguide_first_draft='verifier' at this B (0: not)")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     tokenizer, model = load(args.model, "fp32", **({"draft_adapter": False} if args.no_adapter else {}))
@@ -159,6 +165,11 @@ def main(argv=None):
             res = run_set(model, tokenizer, prompts, block, args.max_new_tokens, args.batch, block == args.parity_block)
             result["linear_ss"][f"{name}_B{block}"] = res
             print(name, block, json.dumps(res), flush=True)
+        if args.first_draft_block:
+            block = args.first_draft_block
+            res = run_set(model, tokenizer, prompts, block, args.max_new_tokens, args.batch, True, "verifier")
+            result.setdefault("first_draft_verifier", {})[f"{name}_B{block}"] = res
+            print(name, block, "first_draft=verifier", json.dumps(res), flush=True)
         if args.temperature > 0:
             res = sampling(model, tokenizer, prompts, args.parity_block, args.max_new_tokens, args.batch,
                            args.temperature)

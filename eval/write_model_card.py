@@ -176,6 +176,18 @@ def measured_section(card: Path) -> list[str]:
         col = (f"{fmt(old['tau'])} | " if old else "- | ") if before else ""
         lines.append(f"| {name} ({v['num_prompts']}) | {block} | {fmt(v['tau'])} | {fmt(v.get('novel_tau'))} "
                      f"({v.get('novel_round_share', 0):.0%}) | {col}{fmt(v['distinct4'])} | {eq} |")
+    for key, v in after.get("first_draft_verifier", {}).items():
+        name, block = key.rsplit("_B", 1)
+        eq = "yes" if v["equal_to_hf_greedy"] else "NO"
+        lines.append(f"| {name} ({v['num_prompts']}), `recguide_first_draft=\"verifier\"` | {block} | "
+                     f"{fmt(v['tau'])} | {fmt(v.get('novel_tau'))} ({v.get('novel_round_share', 0):.0%}) | "
+                     f"{'- | ' if before else ''}"
+                     f"{fmt(v['distinct4'])} | {eq} |")
+    if "first_draft_verifier" in after:
+        lines += ["", "With `recguide_first_draft=\"verifier\"` (not the default) the first draft is the seed's own "
+                  "next-token prediction, computed causally with the base weights inside the draft forward, so it "
+                  "is always accepted when greedy; the adapter was trained for the default layout (the seed is a "
+                  "draft token that sees the whole block)."]
     profile_rows = [(f"{name}, {label}", res["linear_ss"][f"{name}_B16"].get("accept_profile"))
                     for label, res in (("without adapter", before), ("with adapter", after)) if res
                     for name in ("humaneval", "prose") if f"{name}_B16" in res["linear_ss"]]
