@@ -81,8 +81,25 @@ def distill_loss(student_logits, teacher_logp, labels_ok, weights, kl_weight: fl
     return ((ce + kl_weight * kl) * w).sum() / w.sum().clamp(min=1e-6), ce.detach()[labels_ok > 0].mean()
 
 
-def decay_weights(block_pos: torch.Tensor, decay: float) -> torch.Tensor:
-    return torch.exp(-(block_pos.clamp(min=1) - 1).float() / decay)
+def decay_weights(block_pos: torch.Tensor, decay: float, first: int = 1) -> torch.Tensor:
+    """exp(-(k - first) / decay) at block place k >= first, 0 before it (place 0: the seed, or, in a
+    continuation-shaped block, a mask weighted like place 1)."""
+    k = block_pos.clamp(min=1)
+    return torch.where(k >= first, torch.exp(-(k - first).float() / decay), torch.zeros_like(k, dtype=torch.float))
+
+
+def seed_layout(ids: torch.Tensor, allowed: torch.Tensor, mask_id: int, first_draft: str):
+    """Which block tokens draft (the adapter's per-token mask) and what they see, as the engine's draft forward
+    runs them: with `first_draft="mask"` every block token is a draft token; with "verifier" a block's seed
+    (its clean first token) sees only the clean prefix and itself, with the base weights, so its logits are
+    the verifier's own next-token prediction (d_1), and only the mask tokens draft."""
+    if first_draft == "mask":
+        return True, allowed
+    seed = ids != mask_id  # [N, Q]; continuation-shaped blocks ([MASK x B]) have none
+    q = ids.shape[1]
+    allowed = allowed.clone()
+    allowed[:, 0, :, -q:] &= ~seed[:, :, None] | torch.eye(q, dtype=torch.bool, device=ids.device)
+    return ~seed, allowed
 
 
 class AdapterStudent:
@@ -96,6 +113,7 @@ class AdapterStudent:
         else:
             self.adapter = add_draft_adapter(verifier, args.rank, args.alpha, args.targets)
         self.mask_id = verifier.config.mask_token_id
+        self.first_draft = getattr(args, "first_draft", "mask")
 
     def parameters(self):
         return list(self.adapter.parameters())
@@ -104,22 +122,28 @@ class AdapterStudent:
         ids, pos, labels, _, allowed = draft_blocks(x.cpu(), block, num_blocks, self.mask_id, gen, lo=lo,
                                                     valid=valid.cpu())
         dev = x.device
-        with route(self.adapter, True):  # every block token is a draft token
+        draft_mask, allowed = seed_layout(ids, allowed, self.mask_id, self.first_draft)
+        with route(self.adapter, draft_mask if draft_mask is True else draft_mask.to(dev)):
             logits = self.model(input_ids=ids.to(dev), position_ids=pos.to(dev),
                                 attention_mask=additive_mask(allowed.to(dev)), cache=cache, use_cache=True).logits
         cache.crop(-ids.shape[1])  # drop the block keys: the clean prefix is all later passes may see
         block_pos = torch.arange(block).repeat(num_blocks).expand_as(pos)
-        return logits, pos.to(dev), (labels != -100).float().to(dev), block_pos.to(dev)
+        seeded = (ids.view(ids.shape[0], num_blocks, block)[:, :, :1] != self.mask_id).expand(-1, -1, block)
+        return (logits, pos.to(dev), (labels != -100).float().to(dev), block_pos.to(dev),
+                seeded.reshape(ids.shape).to(dev))
 
     def loss(self, x, valid, teacher_logp, cache, args, gen, lo):
         block = random.choice(args.block_sizes)
         k = max(1, args.draft_tokens // block)
-        logits, pos, ok, block_pos = self.block_logits(cache, x, valid, lo, block, k, gen)
+        logits, pos, ok, block_pos, seeded = self.block_logits(cache, x, valid, lo, block, k, gen)
         # the block token at position j is predicted by the verifier's logits at j - 1
         src = (pos - 1).clamp(max=x.shape[1] - 1)  # targets past the row are not trained (ok = 0)
         t_logp = torch.gather(teacher_logp, 1, src[..., None].expand(-1, -1, teacher_logp.shape[-1]))
-        return distill_loss(logits.flatten(0, 1), t_logp.flatten(0, 1), ok.flatten(),
-                            decay_weights(block_pos, args.decay).flatten(), args.kl_weight, self.mask_id)
+        weights = decay_weights(block_pos, args.decay)
+        if self.first_draft == "verifier":  # d_1 is the seed's (exact); acceptance is first at risk at place 2
+            weights = torch.where(seeded, decay_weights(block_pos, args.decay, first=2), weights)
+        return distill_loss(logits.flatten(0, 1), t_logp.flatten(0, 1), ok.flatten(), weights.flatten(),
+                            args.kl_weight, self.mask_id)
 
     @torch.no_grad()
     def runs(self, x, lo, block, stride, teacher_logp, cache):
@@ -135,12 +159,16 @@ class AdapterStudent:
         sees_clean = (col[None, :] < anchors[:, None]).repeat_interleave(block, 0)  # [A*B, L]
         blk = torch.arange(a).repeat_interleave(block)
         allowed = torch.cat([sees_clean, blk[:, None] == blk[None, :]], -1)[None, None].expand(n, 1, -1, -1)
-        with route(self.adapter, True):
+        draft_mask, allowed = seed_layout(ids.view(n, -1), allowed, self.mask_id, self.first_draft)
+        with route(self.adapter, draft_mask):
             logits = self.model(input_ids=ids.view(n, -1), position_ids=pos, attention_mask=additive_mask(allowed),
                                 cache=cache, use_cache=True).logits
         cache.crop(-a * block)
         logits[..., self.mask_id] = float("-inf")
-        drafts = logits.argmax(-1).view(n, a, block)[:, :, 1:]
+        drafts = logits.argmax(-1).view(n, a, block)
+        # d_1 from the first mask, or (first_draft="verifier") from the seed itself; d_2 .. from the masks
+        drafts = torch.cat([drafts[:, :, :1], drafts[:, :, 2:]] if self.first_draft == "verifier"
+                           else [drafts[:, :, 1:]], -1)
         targets = x[:, anchors[:, None] + offs[1:]]  # [N, A, B-1]: the verifier's greedy tokens
         return (drafts == targets).int().cumprod(-1).sum(-1)
 
@@ -350,6 +378,9 @@ def main(argv=None):
     p.add_argument("--draft-tokens", type=int, default=128, help="draft-block tokens per row and step")
     p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--decay", type=float, default=4.0, help="loss weight exp(-(k-1)/decay) at block place k")
+    p.add_argument("--first-draft", choices=["mask", "verifier"], default="mask",
+                   help="the engine layout the adapter drafts in (recguide_first_draft): with 'verifier' the seed "
+                        "is causal and adapter-free, d_1 is its prediction, and the loss starts at place 2")
     p.add_argument("--eval-prompts", type=int, default=24, help="held-out prompts per set for the tau curve")
     p.add_argument("--eval-minutes", type=float, default=10)
     p.add_argument("--ckpt-minutes", type=float, default=5)

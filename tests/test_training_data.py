@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,3 +86,41 @@ def test_docstring_ends_mark_humaneval_shaped_window_ends():
     assert len(prompts) == 2
     assert prompts[0].rstrip(" ").endswith(f"More words here.\n    {q}\n")
     assert prompts[1].rstrip(" ").endswith(f"{q}Multiply.{q}\n")
+
+
+def test_distill_seed_layout_matches_the_engine():
+    """`eval/distill.py --first-draft verifier`: a block's seed sees the clean prefix and itself with the base
+    weights (so its logits are the verifier's own next-token logits, d_1), its masks draft with the adapter
+    and see the whole block; the loss starts at place 2 there. The default layout keeps every token drafting."""
+    from argparse import Namespace
+
+    from conftest import tiny_model
+    from transformers import DynamicCache
+
+    from eval.distill import AdapterStudent, decay_weights
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(4, 96, (2, 40), generator=gen)
+    base = tiny_model(0)
+    with torch.no_grad():
+        plain = base(input_ids=x).logits  # the verifier's causal logits
+    args = Namespace(init=None, rank=4, alpha=8.0, targets=["q_proj", "v_proj", "down_proj"], first_draft="verifier")
+    student = AdapterStudent(tiny_model(0), args)
+    with torch.no_grad():
+        for b in student.adapter.lora_B:
+            b.normal_(0, 0.5)  # a trained adapter: not the identity
+    for first_draft in ("verifier", "mask"):
+        student.first_draft = first_draft
+        cache = DynamicCache(config=student.model.config)
+        with torch.no_grad():
+            student.model(input_ids=x, cache=cache, use_cache=True)
+            logits, pos, ok, block_pos, seeded = student.block_logits(cache, x, torch.full((2,), 40), 8, 8, 3,
+                                                                      torch.Generator().manual_seed(1))
+        seed = (block_pos == 0) & seeded  # block tokens that are a clean seed
+        assert seed.sum() >= 3
+        rows, cols = seed.nonzero(as_tuple=True)
+        from_base = plain[rows, pos[rows, cols]]  # the verifier's logits at the seed's own position
+        close = torch.allclose(logits[rows, cols], from_base, atol=1e-4)
+        assert close == (first_draft == "verifier")
+    w = decay_weights(torch.arange(5), 4.0, first=2)
+    assert w[:2].tolist() == [0.0, 0.0] and w[2] == 1.0 and w[3] == pytest.approx(torch.exp(torch.tensor(-0.25)).item())
