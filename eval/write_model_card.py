@@ -293,7 +293,7 @@ def plot_curve(log: dict, out: Path, title: str):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     # a session that continues an adapter re-measures its starting point: one point per minute mark
     points = [e for i, e in enumerate(log["log"]) if i + 1 == len(log["log"]) or
-              log["log"][i + 1]["minutes"] != e["minutes"]]
+              log["log"][i + 1]["minutes"] - e["minutes"] > 0.5]
     xs = [e["minutes"] for e in points]
     for name, style in (("code", "-"), ("prose", "--")):
         for b, color in ((8, "tab:blue"), (16, "tab:orange"), (32, "tab:green")):
