@@ -150,6 +150,10 @@ def _distill_command(a: dict) -> str:
         cmd += f" --lr {a['lr']}"
     if a["init"] != "None":
         cmd += f" --init {a['init']} --previous-minutes {a['previous_minutes']}"
+    if a.get("seed", "0") != "0":
+        cmd += f" --seed {a['seed']}"
+    if a.get("first_draft", "mask") != "mask":
+        cmd += f" --first-draft {a['first_draft']}"
     return f"`{cmd} --teacher-data {a['teacher_data']} --run {a['run']}`"
 
 
