@@ -88,7 +88,8 @@ class _FreeForward:
 def _time_host(backbone, c: int, b: int, repeats: int, rounds: tuple[int, int] = (4, 16)) -> float:
     """Seconds of engine work per LinearSS round of c rows at block b, outside the forwards (the slope
     between two run lengths, so set-up and prefill cancel). The certainty signal is computed, as the auto
-    policy computes it every round."""
+    policy computes it every round: a fixed-block engine computes it only when asked for its round log, whose
+    appends add a few microseconds per row."""
     from .engine import Engine, SamplingSettings  # engine -> policy -> this module
 
     free = _FreeForward(backbone, c, max(b, 2))
@@ -98,9 +99,8 @@ def _time_host(backbone, c: int, b: int, repeats: int, rounds: tuple[int, int] =
 
     def run(n: int) -> float:
         engine = Engine(free, config, SamplingSettings(max_new_tokens=n, eos_token_ids=[]))
-        engine.wants_entropy = True
         start = time.perf_counter()
-        engine.generate(prompt, mask.to(backbone.device))
+        engine.generate(prompt, mask.to(backbone.device), log_rounds=True)  # with the certainty signal
         return time.perf_counter() - start
 
     slopes = []

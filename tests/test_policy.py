@@ -117,7 +117,7 @@ def test_the_engine_work_of_a_round_is_priced_too():
     assert choose(BlockPolicy(DecodingConfig(block_size="auto"), costs, values), 8, -3.0, 8, False) > 1
 
 
-def test_host_time_is_measured_over_free_forwards(model):
+def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
     """The profiler's engine-work timer runs real engine rounds over a forward that costs nothing and rejects
     every draft: one token per round, so the slope between two run lengths is seconds per round."""
     from recguide_hf.backbone import as_backbone
@@ -129,8 +129,15 @@ def test_host_time_is_measured_over_free_forwards(model):
     out, stats = engine.generate(torch.full((3, 5), 4))
     assert stats.as_dict()["rounds"] == 27 and stats.as_dict()["accepted_drafts"] == 0
     assert out[:, 5:].unique().numel() == 1  # every round emits the verifier's token at place 0
+    import recguide_hf.engine as engine_module
+
+    calls = []
+    monkeypatch.setattr(engine_module, "verifier_entropy",
+                        lambda *args, real=engine_module.verifier_entropy: calls.append(1) or real(*args))
     for b in (1, 8):
+        calls.clear()
         assert 0.0 < _time_host(bb, 3, b, repeats=1) < 0.1
+        assert calls  # the certainty signal is part of the timed rounds, as under the auto policy
 
 
 def test_profile_table_has_every_part_of_a_round(model):
