@@ -62,11 +62,13 @@ def round_table(res: Path) -> str:
              ("now", res / "round_profile.json")]
     rows = ["| engine | C | B | ms per round | in forwards | outside forwards | plain step vs HF step |",
             "|---|---|---|---|---|---|---|"]
-    cmds = []
+    cmds, hf = [], {}
     for label, path in files:
         if not path.exists():
             continue
         data = json.loads(path.read_text())
+        if data["results"][0].get("hf_ms_per_step"):
+            hf[label] = data["results"][0]["hf_ms_per_step"]
         env = data["environment"]
         cmds.append(f"{label}: `{data['command']}` (commit {env['git_commit']}, {env['hardware']}, "
                     f"{env['threads']} threads)")
@@ -77,8 +79,6 @@ def round_table(res: Path) -> str:
                             f"| {v['outside_share']:.0%} | {step} |")
     if not cmds:
         return "(run `python eval/round_profile.py --out eval/results/round_profile.json`)"
-    hf = {label: json.loads(path.read_text())["results"][0] for label, path in files if path.exists()}
-    hf = {label: row["hf_ms_per_step"] for label, row in hf.items() if row.get("hf_ms_per_step")}
     speed = ""
     if len(hf) > 1:  # the same HF step, timed in each run: how far the host's own speed moved between them
         speed = (" The host's speed differs between runs: HF's own decoding step at C = 1 took "
