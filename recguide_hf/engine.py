@@ -280,8 +280,7 @@ class Engine:
         if self.config.first_draft == "verifier":
             # the seed sees the prefix and itself only, with the base weights: its logits are the verifier's
             # next-token prediction, d_1; the mask positions (drafting adapter on) draft d_2 .. from place 2
-            intra = intra.clone()
-            intra[:, 0, 1:] = False
+            intra[:, 0, 1:] = False  # `intra` is this forward's own tensor (the `&` above made it)
             draft_mask = (torch.arange(q, device=rows.device) >= 1).expand(sub.numel(), -1)
             logits = self._forward(sub, ids, offsets, intra, draft_mask=draft_mask)  # [S, q, V]
             draft_logits = torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
