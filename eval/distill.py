@@ -328,10 +328,10 @@ def train(args):
     bar.close()
     record({"loss": round(loss.item(), 4), "ce": round(ce.item(), 4)})
     save(student, opt, params, state, args.run)
-    teacher = args.teacher_data.with_suffix(".json")
+    reports = [json.loads(t.read_text()) for t in (d.with_suffix(".json") for d in args.teacher_data) if t.exists()]
+    logged = {k: " ".join(map(str, v)) if k == "teacher_data" else str(v) for k, v in vars(args).items()}
     (args.run / "final" / "distill_log.json").write_text(json.dumps(
-        {"args": {k: str(v) for k, v in vars(args).items()}, "trainable_parameters": num_params,
-         "teacher_data": json.loads(teacher.read_text()) if teacher.exists() else None, **state}, indent=1))
+        {"args": logged, "trainable_parameters": num_params, "teacher_data": reports or None, **state}, indent=1))
 
 
 def save(student, opt, params, state, run: Path):
@@ -342,7 +342,7 @@ def save(student, opt, params, state, run: Path):
     os.replace(run / "ckpt.pt.tmp", run / "ckpt.pt")
 
 
-def export(run: Path, to: Path, teacher_data: Path):
+def export(run: Path, to: Path, teacher_data: list[Path]):
     """Copy a run's final student (adapter or model folder) and its log to `to`, with the teacher-data report."""
     import shutil
 
@@ -350,9 +350,9 @@ def export(run: Path, to: Path, teacher_data: Path):
     for f in (run / "final").iterdir():
         shutil.copy2(f, to / f.name)
     log = json.loads((to / "distill_log.json").read_text())
-    report = Path(log["args"].get("teacher_data", teacher_data)).with_suffix(".json")
-    if not log.get("teacher_data") and report.exists():
-        log["teacher_data"] = json.loads(report.read_text())
+    reports = [p.with_suffix(".json") for p in teacher_data]
+    if not log.get("teacher_data") and all(r.exists() for r in reports):
+        log["teacher_data"] = [json.loads(r.read_text()) for r in reports]
         (to / "distill_log.json").write_text(json.dumps(log, indent=1))
     print(f"exported {run / 'final'} -> {to}")
 
@@ -361,7 +361,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--student", choices=["adapter", "assistant"], default="adapter")
     p.add_argument("--verifier", type=Path, default=Path("model_cards/recguide-tiny"))
-    p.add_argument("--teacher-data", type=Path, default=Path("data/distill/teacher_v2.npz"))
+    p.add_argument("--teacher-data", type=Path, nargs="+", default=[Path("data/distill/teacher_v2.npz")],
+                   help="one or more eval/teacher_data.py files (same prompt and row lengths); rows are pooled")
     p.add_argument("--init", type=Path, default=None, help="continue from this adapter / assistant folder")
     p.add_argument("--previous-minutes", type=float, default=0.0, help="training minutes already in --init")
     p.add_argument("--run", type=Path, default=Path("runs/adapter"))

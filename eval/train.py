@@ -85,11 +85,14 @@ class Batches:
 class TeacherBatches:
     """Rows of frozen-teacher data (eval/teacher_data.py): real-text prompt + the teacher's greedy continuation."""
 
-    def __init__(self, path: Path, batch_size: int, seed: int):
-        blob = np.load(path)
-        self.tokens = torch.from_numpy(blob["tokens"].astype(np.int64))
-        self.valid = torch.from_numpy(blob["valid"].astype(np.int64))
-        self.prompt_len = int(blob["prompt_len"])
+    def __init__(self, paths: Path | list[Path], batch_size: int, seed: int):
+        blobs = [np.load(p) for p in ([paths] if isinstance(paths, Path) else paths)]
+        shapes = {(int(b["prompt_len"]), b["tokens"].shape[1]) for b in blobs}
+        if len(shapes) != 1:
+            raise ValueError(f"teacher-data files differ in (prompt length, row length): {sorted(shapes)}")
+        self.tokens = torch.from_numpy(np.concatenate([b["tokens"] for b in blobs]).astype(np.int64))
+        self.valid = torch.from_numpy(np.concatenate([b["valid"] for b in blobs]).astype(np.int64))
+        self.prompt_len = int(blobs[0]["prompt_len"])
         self.batch_size = batch_size
         self.rng = np.random.default_rng(seed)
 

@@ -102,7 +102,7 @@ def adapter_section(card: Path) -> list[str]:
         return []
     a, cfg = log["args"], json.loads((card / "draft_lora" / "adapter_config.json").read_text())
     size = (card / "draft_lora" / "adapter_model.safetensors").stat().st_size
-    t = log.get("teacher_data") or {}
+    t = log.get("teacher_data")
     minutes = log["log"][-1]["minutes"]
     lines = ["## The drafting adapter (`draft_lora/`)", "",
              f"A LoRA (rank {cfg['r']}, alpha {cfg['lora_alpha']}, on {', '.join(sorted(cfg['target_modules']))}; "
@@ -117,18 +117,21 @@ def adapter_section(card: Path) -> list[str]:
              f"(B in {a['block_sizes']}) anchored inside the continuation learn CE to the verifier's argmax plus "
              f"{a['kl_weight']} x KL to its distribution, weighted exp(-(k-1)/{a['decay']}) by place k in the block.",
              ""]
-    if t:
-        ta = t["args"]
+    reports = t if isinstance(t, list) else [t] if t else []  # one report per teacher-data file
+    for i, r in enumerate(reports):
+        ta, out = r["args"], r["args"].get("out", a["teacher_data"])
         share = float(ta.get("docstring_share", 0) or 0)
         windows = "random training-split windows" + (
             f", {share:.0%} of the code ones ending where a function's docstring closes (HumanEval's prompt shape)"
             if share else "")
         flags = "".join(f" --{k.replace('_', '-')} {ta[k]}" for k in ("seed", "docstring_share")
                         if k in ta and float(ta[k] or 0))
-        lines += [f"Teacher data of the last session: {t['seen']:,} greedy continuations ({t['kept_tokens']:,} "
-                  f"tokens, loops kept) of {windows}, generated in {t['seconds'] / 60:.1f} minutes "
+        head = "Teacher data of the last session" + (f" ({i + 1} of {len(reports)} files, rows pooled)"
+                                                     if len(reports) > 1 else "")
+        lines += [f"{head}: {r['seen']:,} greedy continuations ({r['kept_tokens']:,} "
+                  f"tokens, loops kept) of {windows}, generated in {r['seconds'] / 60:.1f} minutes "
                   f"(`python eval/teacher_data.py --minutes {ta['minutes']} --prompt-len {ta['prompt_len']} "
-                  f"--new-tokens {ta['new_tokens']}{flags} --out {a['teacher_data']}`).", ""]
+                  f"--new-tokens {ta['new_tokens']}{flags} --out {out}`).", ""]
     sessions = log.get("sessions", []) + [{k: log[k] for k in ("args", "step", "elapsed", "tokens", "teacher_data")}]
     runs = "; ".join(_distill_command(x["args"]) for x in sessions)
     lines += [f"Training: {minutes:.0f} CPU minutes in all over {len(sessions)} session(s), "

@@ -124,3 +124,25 @@ def test_distill_seed_layout_matches_the_engine():
         assert close == (first_draft == "verifier")
     w = decay_weights(torch.arange(5), 4.0, first=2)
     assert w[:2].tolist() == [0.0, 0.0] and w[2] == 1.0 and w[3] == pytest.approx(torch.exp(torch.tensor(-0.25)).item())
+
+
+def test_teacher_batches_pool_several_files(tmp_path):
+    """`distill.py --teacher-data a.npz b.npz`: rows of both files are drawn; files of another shape are refused."""
+    import numpy as np
+
+    from eval.train import TeacherBatches
+
+    def write(name, fill, rows, prompt_len=4, width=10):
+        path = tmp_path / name
+        np.savez(path, tokens=np.full((rows, width), fill, dtype=np.int32),
+                 valid=np.full((rows,), width, dtype=np.int32), prompt_len=prompt_len)
+        return path
+
+    a, b = write("a.npz", 1, 3), write("b.npz", 2, 5)
+    batches = TeacherBatches([a, b], batch_size=64, seed=0)
+    assert batches.tokens.shape == (8, 10) and batches.prompt_len == 4
+    tokens, valid = batches.next()
+    assert set(tokens[:, 0].tolist()) == {1, 2} and torch.equal(valid, torch.full((64,), 10))
+    assert torch.equal(TeacherBatches(a, 4, 0).tokens, torch.ones(3, 10, dtype=torch.long))
+    with pytest.raises(ValueError, match="differ"):
+        TeacherBatches([a, write("c.npz", 3, 2, prompt_len=5)], 4, 0)
