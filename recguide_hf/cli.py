@@ -107,8 +107,7 @@ def cmd_profile(args) -> int:
     from .profile import profile_costs
 
     _, model = load(args.model, args.dtype, args.device)
-    total = len(args.concurrency) * len(args.block_sizes)
-    with tqdm(total=total, desc="profile") as bar:
+    with tqdm(total=len(args.concurrency), desc="profile", unit="C") as bar:
         table = profile_costs(model, args.concurrency, args.block_sizes, args.prefix_len, args.repeats, bar)
     out = Path(args.out) if args.out else Path(args.model or BUNDLED_MODEL) / "cost_table.json"
     out.write_text(json.dumps(table, indent=1) + "\n")

@@ -11,7 +11,8 @@ unmasked for one request and masked for several (requests in flight together hav
   emits one token), and the per-round slope is kept. On a CPU it is a few percent of a round; on a GPU, where
   a small forward takes milliseconds, it can be a large share, and a policy that ignores it over-values
   small blocks (more rounds, each paying it).
-Medians over repeats, after a warm-up. The table is what the block-size policy and the branch rule read;
+Within one C the parts of all block sizes are timed in turn, pass after pass, and each keeps its median
+(`profile_costs`). The table is what the block-size policy and the branch rule read;
 `recguide profile --out DIR/cost_table.json` regenerates it for other hardware.
 """
 
@@ -30,9 +31,10 @@ from .config import BLOCK_SIZES, DecodingConfig
 from .masks import block_intra, build_mask, causal_intra, positions
 
 
-def _time_forward(backbone, cache, rows, q, intra, repeats, draft_from: int | None = None):
-    """Median seconds of one forward of q tokens per row; tokens from `draft_from` on are draft tokens (the
-    drafting adapter, if any, applies to them as in the engine)."""
+def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = None):
+    """A function that runs one forward of q tokens per row over the cached prefix and returns its seconds;
+    tokens from `draft_from` on are draft tokens (the drafting adapter, if any, applies to them as in the
+    engine)."""
     lengths = cache.lengths[rows.cpu()].to(rows.device)
     pads = torch.zeros_like(lengths)
     ids = torch.randint(4, backbone.vocab_size, (rows.numel(), q), device=rows.device)
@@ -41,8 +43,8 @@ def _time_forward(backbone, cache, rows, q, intra, repeats, draft_from: int | No
         draft_mask = True
     elif draft_from is not None:
         draft_mask = (torch.arange(q, device=rows.device) >= draft_from).expand(rows.numel(), -1)
-    times = []
-    for i in range(repeats + 1):
+
+    def once() -> float:
         binding = cache.prepare(rows, q)
         cache.use(binding)
         # a plain step over rows of one length runs unmasked in the engine (`Engine._prepare`): one request
@@ -56,9 +58,9 @@ def _time_forward(backbone, cache, rows, q, intra, repeats, draft_from: int | No
         backbone.forward(ids, pos, mask, cache, draft_mask=draft_mask)
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
-        if i:  # the first call is warm-up
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        return time.perf_counter() - start
+
+    return once
 
 
 class _FreeForward:
@@ -85,37 +87,42 @@ class _FreeForward:
         return self.logits[:r, :q]
 
 
-def _time_host(backbone, c: int, b: int, repeats: int, rounds: tuple[int, int] = (4, 16)) -> float:
-    """Seconds of engine work per LinearSS round of c rows at block b, outside the forwards (the slope
-    between two run lengths, so set-up and prefill cancel). The certainty signal is computed, as the auto
-    policy computes it every round: a fixed-block engine computes it only when asked for its round log, whose
-    appends add a few microseconds per row."""
+def _host_timer(backbone, c: int, b: int, rounds: tuple[int, int] = (4, 16)):
+    """A function that returns seconds of engine work per LinearSS round of c rows at block b, outside the
+    forwards (the slope between two run lengths, so set-up and prefill cancel). The certainty signal is
+    computed, as the auto policy computes it every round: a fixed-block engine computes it only when asked for
+    its round log, whose appends add a few microseconds per row."""
     from .engine import Engine, SamplingSettings  # engine -> policy -> this module
 
-    free = _FreeForward(backbone, c, max(b, 2))
     config = DecodingConfig(mode="linear", block_size=b)
     prompt = torch.full((c, 8), 4, dtype=torch.long, device=backbone.device)
     mask = (torch.arange(8)[None, :] >= (torch.arange(c) % 4)[:, None]).long()  # rows of different lengths
 
-    def run(n: int) -> float:
-        engine = Engine(free, config, SamplingSettings(max_new_tokens=n, eos_token_ids=[]))
-        start = time.perf_counter()
-        engine.generate(prompt, mask.to(backbone.device), log_rounds=True)  # with the certainty signal
-        return time.perf_counter() - start
+    def once() -> float:
+        free = _FreeForward(backbone, c, max(b, 2))  # made per call: its preset logits can be large
 
-    slopes = []
-    for i in range(repeats + 1):
+        def run(n: int) -> float:
+            engine = Engine(free, config, SamplingSettings(max_new_tokens=n, eos_token_ids=[]))
+            start = time.perf_counter()
+            engine.generate(prompt, mask.to(backbone.device), log_rounds=True)  # with the certainty signal
+            return time.perf_counter() - start
+
         short, long = run(rounds[0]), run(rounds[1])
-        if i:
-            slopes.append((long - short) / (rounds[1] - rounds[0]))
-    return max(statistics.median(slopes), 0.0)
+        return max((long - short) / (rounds[1] - rounds[0]), 0.0)
+
+    return once
 
 
 @torch.no_grad()
 def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLOCK_SIZES, prefix_len: int = 256,
                   repeats: int = 5, progress=None) -> dict:
     """Seconds per forward, and of the engine's work around them per round:
-    {"C": {"B": {"draft": t, "verify": [t(S=0), t(S=1), t(S=2), t(S=3)], "host": t}}}."""
+    {"C": {"B": {"draft": t, "verify": [t(S=0), t(S=1), t(S=2), t(S=3)], "host": t}}}.
+
+    Within one C every part of every block size is timed once per pass, pass after pass (the first pass is
+    warm-up), and each keeps its median: a slow spell of the machine then falls on all block sizes alike
+    instead of on the few timed during it. The policy compares block sizes at one load, so what it needs
+    most is their ratios (a whole C row measured slow only rescales rho_C)."""
     backbone = as_backbone(model)
     device = backbone.device
     table: dict = {}
@@ -123,25 +130,36 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
         cache = backbone.new_cache(c, prefix_len + 5 * max(block_sizes))
         cache.lengths[:] = prefix_len  # attention cost does not depend on what the prefix holds
         rows = torch.arange(c, device=device)
+        timers = {}
+        for b in block_sizes:
+            if b == 1:
+                timers[b, "step"] = _forward_timer(backbone, cache, rows, 1, causal_intra(c, 1, device))
+            else:
+                timers[b, "draft"] = _forward_timer(backbone, cache, rows, b, block_intra(c, b, device), 0)
+                for s in range(4):  # S branch segments after the verifier's b tokens are draft tokens
+                    timers[b, s] = _forward_timer(backbone, cache, rows, b * (1 + s),
+                                                  causal_intra(c, b * (1 + s), device), b if s else None)
+            timers[b, "host"] = _host_timer(backbone, c, b)
+        times: dict = {key: [] for key in timers}
+        for i in range(repeats + 1):
+            for key, once in timers.items():
+                t = once()
+                if i:  # the first pass is warm-up
+                    times[key].append(t)
+        med = {key: statistics.median(t) for key, t in times.items()}
         table[str(c)] = {}
         for b in block_sizes:
             if b == 1:
-                step = _time_forward(backbone, cache, rows, 1, causal_intra(c, 1, device), repeats)
-                entry = {"draft": 0.0, "verify": [step] * 4}
+                entry = {"draft": 0.0, "verify": [med[b, "step"]] * 4}
             else:
-                entry = {"draft": _time_forward(backbone, cache, rows, b, block_intra(c, b, device), repeats, 0)}
-                entry["verify"] = [  # S branch segments after the verifier's b tokens are draft tokens
-                    _time_forward(backbone, cache, rows, b * (1 + s), causal_intra(c, b * (1 + s), device), repeats,
-                                  b if s else None)
-                    for s in range(4)
-                ]
-            entry["host"] = _time_host(backbone, c, b, repeats)
+                entry = {"draft": med[b, "draft"], "verify": [med[b, s] for s in range(4)]}
+            entry["host"] = med[b, "host"]
             table[str(c)][str(b)] = entry
-            if progress is not None:
-                progress.update(1)
+        if progress is not None:
+            progress.update(1)
     return {"costs": table, "prefix_len": prefix_len, "device": str(device), "dtype": str(backbone.dtype),
             "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "repeats": repeats, "timing": "interleaved"}
 
 
 class CostTable:

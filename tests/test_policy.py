@@ -121,7 +121,7 @@ def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
     """The profiler's engine-work timer runs real engine rounds over a forward that costs nothing and rejects
     every draft: one token per round, so the slope between two run lengths is seconds per round."""
     from recguide_hf.backbone import as_backbone
-    from recguide_hf.profile import _FreeForward, _time_host
+    from recguide_hf.profile import _FreeForward, _host_timer
 
     bb = as_backbone(model)
     free = _FreeForward(bb, 3, 8)
@@ -136,7 +136,7 @@ def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
                         lambda *args, real=engine_module.verifier_entropy: calls.append(1) or real(*args))
     for b in (1, 8):
         calls.clear()
-        assert 0.0 < _time_host(bb, 3, b, repeats=1) < 0.1
+        assert 0.0 < _host_timer(bb, 3, b)() < 0.1
         assert calls  # the certainty signal is part of the timed rounds, as under the auto policy
 
 
@@ -280,3 +280,31 @@ def test_plan_is_the_best_of_the_weighed_plans():
         assert _plan_gain(chosen, v, rho, costs) == pytest.approx(best), trial
         mixed += len(set(chosen)) > 1
     assert 0 < mixed < 20  # both kinds of plan won somewhere
+
+
+def test_profile_times_block_sizes_in_turn(model, monkeypatch):
+    """Within one C each pass times every part of every block size once, so a slow spell of the machine
+    lands on all block sizes alike; each part keeps the median of its passes after the warm-up pass."""
+    import recguide_hf.profile as profile
+
+    calls, fake = [], {}
+
+    def timer(key, seconds):
+        def once():
+            calls.append(key)
+            fake[key] = fake.get(key, 0) + 1
+            return seconds[fake[key] - 1]
+        return once
+
+    # pass 0 (warm-up) reads 9 s; then B=4's draft reads 1, 2, 30 s (median 2)
+    monkeypatch.setattr(profile, "_forward_timer", lambda bb, cache, rows, q, intra, draft_from=None: timer(
+        (rows.numel(), q, draft_from), [9.0, 1.0, 2.0, 30.0]))
+    monkeypatch.setattr(profile, "_host_timer", lambda bb, c, b: timer((c, "host", b), [9.0, 0.1, 0.1, 0.1]))
+    table = profile.profile_costs(model, concurrencies=(1, 2), block_sizes=(1, 4), prefix_len=8, repeats=3)
+    per_pass = 1 + 1 + 1 + 4 + 1  # B=1: step, host; B=4: draft, 4 verify shapes, host
+    assert len(calls) == 2 * 4 * per_pass
+    for c in (1, 2):
+        c_calls = [k for k in calls if k[0] == c]
+        passes = [c_calls[i * per_pass:(i + 1) * per_pass] for i in range(4)]
+        assert all(p == passes[0] for p in passes) and len(set(passes[0])) == per_pass
+        assert table["costs"][str(c)]["4"]["draft"] == 2.0 and table["costs"][str(c)]["1"]["host"] == 0.1
