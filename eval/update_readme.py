@@ -5,7 +5,8 @@
 Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/round_profile*.json, eval/results/engine.json,
 model_cards/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and rewrites the
 text between the results markers, the speed sentence of the introduction (between the speed markers) and the
-round-time table of "How it works" (between the round markers).
+round-time table of "How it works" (between the round markers), and the lm-eval parity table of
+docs/lm_eval.md (between its parity markers).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 SPEED = ("<!-- speed:start -->", "<!-- speed:end -->")
 ROUND = ("<!-- round:start -->", "<!-- round:end -->")
+PARITY = ("<!-- parity:start -->", "<!-- parity:end -->")  # docs/lm_eval.md
 CARDS = ROOT / "model_cards"
 
 
 def replace_between(text: str, markers: tuple[str, str], body: str, sep: str = "\n") -> str:
     start, end = markers
     if start not in text:
-        raise SystemExit(f"README.md has no {start} marker")
+        raise SystemExit(f"no {start} marker to write between")
     head, rest = text.split(start, 1)
     return head + start + sep + body + sep + end + rest.split(end, 1)[1]
 
@@ -217,9 +219,12 @@ def main():
 
         report = json.loads(parity.read_text())
         mode = next(m for m in report["gen_kwargs"] if m != "ar")
-        lines += [f"lm-evaluation-harness, the same tasks as `ar` and as `{mode}` (`python eval/{report['command']}`, "
-                  f"backend `{report['backend']}`, commit {report['environment']['git_commit']}):", "",
-                  table(report, mode), ""]
+        parity_lines = [f"lm-evaluation-harness, the same tasks as `ar` and as `{mode}` (`python eval/"
+                        f"{report['command']}`, backend `{report['backend']}`, commit "
+                        f"{report['environment']['git_commit']}):", "", table(report, mode), ""]
+        lines += parity_lines
+        docs = ROOT / "docs" / "lm_eval.md"
+        docs.write_text(replace_between(docs.read_text(), PARITY, "\n".join(parity_lines).strip()))
     card = ROOT / "model_cards" / "recguide-tiny" / "eval_results.json"
     if card.exists():
         r = json.loads(card.read_text())
