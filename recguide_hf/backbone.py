@@ -55,15 +55,15 @@ class Backbone:
         return RowCache.for_model(self.model, num_rows, capacity)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                cache, draft_mask: torch.Tensor | bool | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+                cache, draft_mask: torch.Tensor | bool | int | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits `[R, Q, V]` (or the last `logits_to_keep` positions).
 
         Args:
             input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive, or None for a one-token
                 step over unpadded rows of one length (`unmasked_steps`);
             draft_mask: [R, Q] bool, True for tokens computed in draft mode: the drafting adapter (if any)
-                applies exactly there (`True`: every token; None: none); the attention mode itself comes from
-                the mask.
+                applies exactly there (`True`: every token; an int k: columns k.. of every row; None: none);
+                the attention mode itself comes from the mask.
         """
         with route(self.adapter, draft_mask, self.lora_layers):
             return self._forward(input_ids, position_ids, attention_mask, cache, logits_to_keep)

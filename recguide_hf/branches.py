@@ -71,12 +71,13 @@ def plan(risky: RiskyPositions, eff: torch.Tensor, block: int, continuation: boo
     return BranchPlan(kind[:, :used], start[:, :used], first[:, :used], prefix[:, :used], block, mask_token_id)
 
 
-def append_segments(plan: BranchPlan, ids, offsets, intra, draft_mask):
-    """Extend a verifier-segment forward (ids/offsets [R, Q], intra [R, Q, Q]) with the branch segments."""
+def append_segments(plan: BranchPlan, ids, offsets, intra):
+    """Extend a verifier-segment forward (ids/offsets [R, Q], intra [R, Q, Q]) with the branch segments: every
+    column from Q on (the forward routes them to the drafting adapter with `draft_mask=Q`)."""
     num_rows, q = ids.shape
     s, b = plan.kind.shape[1], plan.block
     if s == 0:
-        return ids, offsets, intra, draft_mask
+        return ids, offsets, intra
     device = ids.device
     seg_ids = torch.full((num_rows, s, b), plan.mask_token_id, dtype=torch.long, device=device)
     seg_ids[:, :, 0] = plan.first_token
@@ -94,9 +95,7 @@ def append_segments(plan: BranchPlan, ids, offsets, intra, draft_mask):
     new_intra[:, q:, q:] = same_seg[None] & used.repeat_interleave(b, dim=1)[:, :, None]
     ids = torch.cat([ids, seg_ids.view(num_rows, s * b)], 1)
     offsets = torch.cat([offsets, seg_off.view(num_rows, s * b)], 1)
-    seg_draft = used.repeat_interleave(b, dim=1)
-    draft_mask = torch.cat([draft_mask, seg_draft], 1)
-    return ids, offsets, new_intra, draft_mask
+    return ids, offsets, new_intra
 
 
 @dataclass

@@ -126,8 +126,9 @@ def route(adapter, draft_mask: torch.Tensor | bool | None, peft_layers: list = (
     """Apply `adapter`'s deltas to the draft tokens of the forwards run inside this block.
 
     Args:
-        draft_mask: [R, Q] bool (the draft tokens), `True` (every token: a draft forward) or None / False (none:
-            nothing is registered, the forward is the base model's).
+        draft_mask: [R, Q] bool (the draft tokens), an int k (the tokens from column k on, in every row: the
+            engine's branch segments after the verifier segment; the cheapest mixed form), `True` (every token:
+            a draft forward) or None / False (none: nothing is registered, the forward is the base model's).
         peft_layers: PEFT LoRA layers to keep disabled meanwhile (their delta comes from the hooks instead).
     """
     saved = [m._disable_adapters for m in peft_layers]
@@ -140,6 +141,10 @@ def route(adapter, draft_mask: torch.Tensor | bool | None, peft_layers: list = (
             for (linear, *_), w in zip(adapter.entries(), merged):
                 swapped.append((linear, linear.weight.data))
                 linear.weight.data = w
+        elif isinstance(draft_mask, int) and not isinstance(draft_mask, bool):
+            if adapter is not None:  # the tokens from column `draft_mask` on draft: a delta on them alone
+                for linear, a, b, scaling in adapter.entries():
+                    handles.append(linear.register_forward_hook(_suffix_hook(a, b, scaling, draft_mask)))
         elif adapter is not None and draft_mask is not None and draft_mask is not False:
             select = None if draft_mask is True else draft_mask[:, :, None]
             for linear, a, b, scaling in adapter.entries():
@@ -153,6 +158,20 @@ def route(adapter, draft_mask: torch.Tensor | bool | None, peft_layers: list = (
             linear.weight.data = w
         for m, flag in zip(peft_layers, saved):
             m._disable_adapters = flag
+
+
+def _suffix_hook(a: torch.Tensor, b: torch.Tensor, scaling: float, start: int):
+    """Add the delta to the tokens from column `start` on only (the engine's branch segments sit after the
+    verifier tokens): the small matmuls run on those tokens alone, the verifier tokens' output is not touched,
+    and under no_grad the delta is added in place (three operations per layer instead of seven)."""
+    def hook(module, args, output):
+        x = args[0][:, start:]
+        delta = F.linear(F.linear(x.to(a.dtype), a), b)
+        if torch.is_grad_enabled():
+            return torch.cat([output[:, :start], output[:, start:] + (delta * scaling).to(output.dtype)], 1)
+        output[:, start:].add_(delta.to(output.dtype), alpha=scaling)
+        return output
+    return hook
 
 
 def _delta_hook(a: torch.Tensor, b: torch.Tensor, scaling: float, select: torch.Tensor | None):

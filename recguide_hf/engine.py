@@ -281,8 +281,7 @@ class Engine:
             # the seed sees the prefix and itself only, with the base weights: its logits are the verifier's
             # next-token prediction, d_1; the mask positions (drafting adapter on) draft d_2 .. from place 2
             intra[:, 0, 1:] = False  # `intra` is this forward's own tensor (the `&` above made it)
-            draft_mask = (torch.arange(q, device=rows.device) >= 1).expand(sub.numel(), -1)
-            logits = self._forward(sub, ids, offsets, intra, draft_mask=draft_mask)  # [S, q, V]
+            logits = self._forward(sub, ids, offsets, intra, draft_mask=1)  # [S, q, V]; columns 1.. draft
             draft_logits = torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
         else:
             # every token is a draft token (padding past a row's eff is invisible to the others, never committed)
@@ -316,11 +315,11 @@ class Engine:
             logits = self._forward(rows, ids, offsets, intra)
             self.stats.record_forward(rows, q)
             return logits, None
-        draft_mask = torch.zeros(r, q, dtype=torch.bool, device=rows.device)
-        full = br.append_segments(plan, ids, offsets, intra, draft_mask)
+        full = br.append_segments(plan, ids, offsets, intra)
         if self.split_streams:
-            return self._verify_two_streams(rows, (ids, offsets, intra, draft_mask), full, q)
-        logits = self._forward(rows, full[0], full[1], full[2], draft_mask=full[3])
+            return self._verify_two_streams(rows, (ids, offsets, intra), full, q)
+        # the branch segments are every column from q on (unused segments are invisible and never read)
+        logits = self._forward(rows, full[0], full[1], full[2], draft_mask=q)
         self.stats.record_forward(rows, full[0].shape[1])
         return logits[:, :q], logits[:, q:]
 
@@ -333,13 +332,13 @@ class Engine:
         main = torch.cuda.current_stream() if self._side_stream is not None else None
         if main is not None:
             self._side_stream.wait_stream(main)
-        logits = self._run(prep_v, verifier[0], verifier[3])
+        logits = self._run(prep_v, verifier[0])  # the base weights alone
         if main is not None:
             with torch.cuda.stream(self._side_stream):
-                branch_logits = self._run(prep_b, full[0], full[3])[:, q:]
+                branch_logits = self._run(prep_b, full[0], q)[:, q:]
             main.wait_stream(self._side_stream)
         else:  # CPU: the same two forwards one after the other (tests exercise this path)
-            branch_logits = self._run(prep_b, full[0], full[3])[:, q:]
+            branch_logits = self._run(prep_b, full[0], q)[:, q:]
         self.stats.record_forward(rows, full[0].shape[1] + q)  # the pair counts as one (concurrent) forward
         return logits, branch_logits
 

@@ -38,11 +38,8 @@ def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = Non
     lengths = cache.lengths[rows.cpu()].to(rows.device)
     pads = torch.zeros_like(lengths)
     ids = torch.randint(4, backbone.vocab_size, (rows.numel(), q), device=rows.device)
-    draft_mask = None  # as the engine passes it: none, all (a draft forward) or the branch segments
-    if draft_from == 0:
-        draft_mask = True
-    elif draft_from is not None:
-        draft_mask = (torch.arange(q, device=rows.device) >= draft_from).expand(rows.numel(), -1)
+    # as the engine passes it: none, all (a draft forward) or the branch segments (every column from b on)
+    draft_mask = True if draft_from == 0 else draft_from
 
     def once() -> float:
         binding = cache.prepare(rows, q)

@@ -45,9 +45,10 @@ def model():
     return tiny_model()
 
 
-def fused_forward(bb, prompt, verify, branch, branch_start, draft_on=True):
+def fused_forward(bb, prompt, verify, branch, branch_start, draft_on=True, suffix=False):
     """One row: cache holds prompt[:-1]; verifier segment `verify` (= [seed, d_1 ..], causal) and one branch
-    segment `branch` (= [c_p, MASK ..], bidirectional) that sees the verifier tokens before `branch_start`."""
+    segment `branch` (= [c_p, MASK ..], bidirectional) that sees the verifier tokens before `branch_start`.
+    The branch drafts by a [1, Q] bool mask, or with `suffix` as the engine routes it (`draft_mask=len(verify)`)."""
     cache = bb.new_cache(1, 64)
     rows, pads = torch.tensor([0]), torch.tensor([0])
     n = len(prompt) - 1
@@ -61,7 +62,7 @@ def fused_forward(bb, prompt, verify, branch, branch_start, draft_on=True):
     intra[:, q:, :branch_start] = True
     intra[:, q:, q:] = True
     offsets = torch.cat([torch.arange(q), branch_start + torch.arange(b)])[None]
-    draft_mask = torch.tensor([[False] * q + [draft_on] * b])
+    draft_mask = (q if draft_on else None) if suffix else torch.tensor([[False] * q + [draft_on] * b])
     kv = cache.bind(rows, q + b)
     lengths = cache.lengths[rows]
     logits = bb.forward(torch.tensor([verify + branch]), positions(lengths, pads, offsets),

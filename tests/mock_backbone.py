@@ -34,6 +34,8 @@ class MockBackbone(Backbone):
         num_rows, q = input_ids.shape
         if draft_mask is True:  # a draft forward: every token
             num_draft = num_rows * q
+        elif isinstance(draft_mask, int):  # columns draft_mask.. of every row (the branch segments)
+            num_draft = num_rows * (q - draft_mask)
         else:
             num_draft = int(draft_mask.sum()) if draft_mask is not None else 0
         self.calls.append((num_rows, q, num_draft))

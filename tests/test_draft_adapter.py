@@ -71,14 +71,16 @@ def test_folder_attaches_adapter_and_plain_forward_is_the_verifier(folder):
 
 
 @torch.no_grad()
-def test_fused_forward_routes_per_token(folder):
-    """Verifier tokens: bit-for-bit the base weights' logits even beside draft tokens; draft tokens: the LoRA's."""
+@pytest.mark.parametrize("suffix", [False, True], ids=["bool-mask", "column-suffix"])
+def test_fused_forward_routes_per_token(folder, suffix):
+    """Verifier tokens: bit-for-bit the base weights' logits even beside draft tokens; draft tokens: the LoRA's.
+    Both forms of a mixed forward's draft tokens: a bool mask, and the engine's `draft_mask=Q` (columns Q..)."""
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     bare = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, draft_adapter=False)
     prompt, verify, branch = [5, 17, 23, 40, 8, 70], [70, 33, 44, 55], [66, MASK, MASK, MASK]
-    v_routed, b_routed = fused_forward(as_backbone(loaded), prompt, verify, branch, 2)
+    v_routed, b_routed = fused_forward(as_backbone(loaded), prompt, verify, branch, 2, suffix=suffix)
     v_base, b_base = fused_forward(as_backbone(bare), prompt, verify, branch, 2)
     assert torch.equal(v_routed, v_base)
     assert not torch.allclose(b_routed, b_base, atol=1e-3)
@@ -133,3 +135,23 @@ def test_draft_forward_on_merged_weights_equals_the_hooks_and_restores_the_base(
     assert all(torch.equal(p, before[n]) for n, p in loaded.named_parameters())
     loaded.draft_adapter.requires_grad_(True)  # while training, gradients must reach A and B: hooks, not merges
     assert loaded.draft_adapter.merged_weights() is None
+
+
+def test_column_suffix_routing_with_gradients():
+    """`draft_mask=k` under autograd (no in-place add): the same logits as the bool mask of columns k.., the
+    columns before k exactly the base model's, and gradients reach the adapter."""
+    model = with_adapter(0)
+    adapter = model.draft_adapter
+    adapter.requires_grad_(True)
+    ids = torch.tensor([[5, 9, 17, 30, 41, 7], [8, 12, 60, 3, 19, 22]])
+    with torch.no_grad():
+        base = model(ids).logits
+    with route(adapter, torch.arange(6).expand(2, -1) >= 3):
+        masked = model(ids).logits
+    with route(adapter, 3):
+        suffix = model(ids).logits
+    torch.testing.assert_close(suffix, masked, atol=1e-5, rtol=1e-5)
+    assert torch.equal(suffix[:, :3], base[:, :3])  # causal: the earlier columns never see a draft token
+    assert not torch.allclose(suffix[:, 3:], base[:, 3:], atol=1e-3)
+    suffix[:, 3:].sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.parameters())

@@ -99,7 +99,7 @@ def test_segment_mask_matches_brute_force():
     ids = torch.tensor([[10, 11, 12, 13, 14]])
     offsets = torch.arange(q)[None]
     intra = causal_intra(1, q)
-    ids2, off2, intra2, dmask = br.append_segments(plan, ids, offsets, intra, torch.zeros(1, q, dtype=torch.bool))
+    ids2, off2, intra2 = br.append_segments(plan, ids, offsets, intra)
     segments = [(int(plan.kind[0, j]), int(plan.prefix[0, j])) for j in range(2)]
     total = q + 2 * 4
     expect = torch.zeros(total, total, dtype=torch.bool)
@@ -119,4 +119,3 @@ def test_segment_mask_matches_brute_force():
     assert off2[0, corr:corr + 4].tolist() == [2, 3, 4, 5]  # c_2 sits where d_2 was
     assert ids2[0, cont:cont + 4].tolist() == [MASK] * 4
     assert off2[0, cont:cont + 4].tolist() == [5, 6, 7, 8]
-    assert dmask[0].tolist() == [False] * q + [True] * 8
