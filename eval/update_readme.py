@@ -49,10 +49,19 @@ def speed_sentence(bench: dict) -> str:
         parts.append(f"RecGuide is faster than plain AR decoding at {span(faster)}")
     if slower:
         parts.append(("and slower at " if faster else "RecGuide is slower than plain AR decoding at ") + span(slower))
+    best = {}  # the fastest other method at each C: what a user could have picked instead
+    for c in cs:
+        other = max((r for (m, cc), r in by.items() if cc == c and m != "recguide"), key=lambda r: r["aggregate_tps"])
+        best[c] = (other["method"], by[("recguide", c)]["aggregate_tps"] / other["aggregate_tps"])
+    behind = [c for c in cs if round(best[c][1], 2) < 0.97]  # as shown, two decimals
+    peer = ("Against the fastest other method of the same run at each C it is at x"
+            + ", ".join(f"{best[c][1]:.2f}" for c in cs) + " (C=" + ", ".join(map(str, cs)) + ")"
+            + (", below x0.97 at " + ", ".join(f"C={c} ({best[c][0]})" for c in behind) if behind else "")
+            + ". ")
     lossless = all(r["equal_to_ar"] for r in bench["rows"])
     return (f"**Measured on the bundled model** (latest `recguide bench`, {env['hardware']}, {env['threads']} threads, "
             f"commit {env['git_commit']}; aggregate tokens/s, C = requests in flight): " + " ".join(parts) + ". "
-            f"Every method's greedy output equalled plain HF greedy: {'yes' if lossless else 'NO'}. "
+            + peer + f"Every method's greedy output equalled plain HF greedy: {'yes' if lossless else 'NO'}. "
             "Other hardware has other costs (`recguide profile` measures them); Results has every method and the "
             "commands.")
 
