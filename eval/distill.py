@@ -350,7 +350,8 @@ def export(run: Path, to: Path, teacher_data: list[Path]):
     for f in (run / "final").iterdir():
         shutil.copy2(f, to / f.name)
     log = json.loads((to / "distill_log.json").read_text())
-    reports = [p.with_suffix(".json") for p in teacher_data]
+    logged = log["args"].get("teacher_data")  # the run's own files (space-separated), else the command line's
+    reports = [p.with_suffix(".json") for p in (map(Path, logged.split()) if logged else teacher_data)]
     if not log.get("teacher_data") and all(r.exists() for r in reports):
         log["teacher_data"] = [json.loads(r.read_text()) for r in reports]
         (to / "distill_log.json").write_text(json.dumps(log, indent=1))
