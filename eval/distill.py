@@ -287,6 +287,14 @@ def train(args):
             p.data.copy_(saved)
         opt.load_state_dict(blob["opt"])
         state = blob["state"]
+    if args.moments_from is not None and not (args.resume and ckpt.exists()):
+        # AdamW's moments from the run that made --init: a warm restart then starts with calibrated step sizes
+        blob = torch.load(args.moments_from, weights_only=False)
+        same = len(blob["params"]) == len(params) and all(
+            torch.equal(p.detach().cpu(), saved) for p, saved in zip(params, blob["params"]))
+        if not same:
+            raise ValueError(f"{args.moments_from} was not saved with the parameters in --init {args.init}")
+        opt.load_state_dict(blob["opt"])
     gen = torch.Generator().manual_seed(args.seed + state["step"])
     budget = args.minutes * 60
 
@@ -368,6 +376,8 @@ def main(argv=None):
     p.add_argument("--previous-minutes", type=float, default=0.0, help="training minutes already in --init")
     p.add_argument("--run", type=Path, default=Path("runs/adapter"))
     p.add_argument("--resume", action="store_true", help="continue the optimizer state in RUN/ckpt.pt")
+    p.add_argument("--moments-from", type=Path, default=None,
+                   help="a ckpt.pt whose parameters equal --init's: start AdamW from its moments (a warm restart)")
     p.add_argument("--minutes", type=float, default=60)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)

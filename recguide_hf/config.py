@@ -37,6 +37,10 @@ class DecodingConfig:
     # "verifier" (the seed's own next-token logits, computed causally with the base weights inside the draft
     # forward: the verifier's prediction, so a greedy d_1 is always accepted)
     first_draft: str = "mask"
+    # "auto" only: correct each block size's cost-table price by the round times this call measures (the
+    # table comes from static batches at one prefix length; serving differs). False: the table alone, and
+    # block choices (so sampled output for a seed) independent of the machine's timing
+    online_costs: bool = True
 
     def __post_init__(self):
         _check(self.mode in MODES, "recguide_mode", self.mode, f"one of {MODES}")
@@ -57,6 +61,7 @@ class DecodingConfig:
         _check(_is_int(self.max_corrections) and 0 <= self.max_corrections <= 2, "recguide_max_corrections",
                self.max_corrections, "0, 1 or 2")
         _check(isinstance(self.continuation, bool), "recguide_continuation", self.continuation, "true or false")
+        _check(isinstance(self.online_costs, bool), "recguide_online_costs", self.online_costs, "true or false")
         _check(self.rho is None or (isinstance(self.rho, (int, float)) and self.rho >= 0), "recguide_rho",
                self.rho, "a number >= 0 or None")
 
@@ -91,7 +96,8 @@ def _coerce(key: str, value):
         return value
     if key == "recguide_block_size" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         return int(value)
-    if key == "recguide_continuation" and isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+    switches = ("recguide_continuation", "recguide_online_costs")
+    if key in switches and isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
     if key in ("recguide_delta", "recguide_rho") and isinstance(value, str):
         try:

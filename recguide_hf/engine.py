@@ -144,11 +144,17 @@ class Engine:
         active = (~self.finished).nonzero().squeeze(1)
         if active.numel() == 0:
             return False
+        timed = self.policy.online
         for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
+            start = time.perf_counter() if timed else 0.0
             if block == 1:
                 self._plain_round(rows)
             else:
                 self._round(rows, block)
+            if timed:  # the policy corrects its cost table by what rounds really take here
+                if self.backbone.device.type == "cuda":
+                    torch.cuda.synchronize(self.backbone.device)
+                self.policy.observe_round(rows.numel(), block, time.perf_counter() - start)
         return True
 
     # ------------------------------------------------------------------ setup
@@ -256,7 +262,10 @@ class Engine:
         self.finished[rows] |= done
         self.stopper.check(self.seq, self.count, self.finished, old_counts=(rows, count))
         self.pending.has[rows] = False
-        entropy = verifier_entropy(scores, none, one) if self.wants_entropy else None
+        # no certainty reading from a plain step: the value table was calibrated on block rounds (the mean over
+        # accepted positions and the first mismatch), and one position's entropy read as that kept unsure
+        # requests in runs of plain steps. The round after a plain step reads each block's mean value.
+        entropy = torch.full((r,), float("nan")) if self.wants_entropy else None
         self.stats.record_round(rows, 1, self.count[rows] - count, none, none, torch.full_like(count, -1), False,
                                 entropy)
 

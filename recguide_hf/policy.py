@@ -16,7 +16,14 @@ have bought at the best fixed block, where
   draft forward). Requests are bucketed by B, one
   draft and one verify forward per bucket, so the round costs the SUM over its buckets: splitting a batch
   is priced, and on hardware where a forward has a large fixed cost a split must earn it;
-* `rho_C = max_B mean(V_B) / T_C(B)` per request (set it with `recguide_rho`).
+* `rho_C = max_B mean(V_B) / T_C(B)` per request (set it with `recguide_rho`);
+* online (`recguide_online_costs`, on by default): the table was measured on static batches at one prefix
+  length, while a served call has other lengths, admissions and a busy host. The engine times every
+  bucket's round; `g` is the running mean of log(measured / table) over all rounds and `d_B` that of B's
+  rounds above `g`, and `T_n(B)` reads the table's price times exp(g + d_B n_B / (n_B + 16)) after n_B
+  rounds of B. Only `d_B` can change a plan (a factor common to every B cancels against rho), so a block
+  size priced wrong against the others is found out once it has run a few rounds, and a size not run yet
+  keeps the table's price relative to the rest.
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
 `argmax_B V_B - rho_C T_C(B)`. With no history this is the best fixed block for the load. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
@@ -32,6 +39,7 @@ Without a cost table branches are always carried.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -39,6 +47,9 @@ import torch
 from .calibrate import ValueTable
 from .config import PAPER_BLOCK_SIZES, DecodingConfig
 from .profile import CostTable
+
+ONLINE_RATE = 0.05  # weight of the newest round in the running means of log(measured / table seconds)
+ONLINE_PRIOR = 16  # rounds of pseudo-evidence for the table's relative price: a few slow rounds cannot flip a plan
 
 
 class BlockPolicy:
@@ -66,6 +77,10 @@ class BlockPolicy:
         if values is not None and "coverage" in values.data:
             self.hits, self.branch_rounds = 3 * values.data["coverage"], 3.0
         self.segments_seen, self.segment_rows = 2.0, 1.0  # prior: two branch segments per row
+        self.online = self.auto and config.online_costs and costs is not None and values is not None
+        self._common, self._rounds = 0.0, 0  # g: running mean of log(measured / table seconds), every round
+        self._above: dict[int, float] = {}  # d_B: running mean of B's log ratio above g
+        self._rounds_seen: dict[int, int] = {}
 
     @classmethod
     def from_config(cls, config: DecodingConfig, base_dir=None) -> BlockPolicy:
@@ -85,14 +100,37 @@ class BlockPolicy:
 
     # ------------------------------------------------------------------ block sizes
     def _load(self, c: int) -> tuple[float, torch.Tensor]:
-        """(rho_C, round seconds T_C(B) per candidate [K]) at c rows, computed once per c."""
+        """(rho_C, round seconds T_C(B) per candidate [K]) at c rows: the table's, once per c, times the
+        online correction."""
         if c not in self._at_load:
-            seconds = torch.tensor([self.costs.round_cost(c, b) for b in self.candidates], dtype=torch.float64)
-            rho = self.config.rho
-            if rho is None:
-                rho = max(self.values.mean[b] / t for b, t in zip(self.candidates, seconds.tolist()))
-            self._at_load[c] = (rho, seconds)
-        return self._at_load[c]
+            self._at_load[c] = torch.tensor([self.costs.round_cost(c, b) for b in self.candidates],
+                                            dtype=torch.float64)
+        seconds = self._at_load[c] * self._factors()
+        rho = self.config.rho
+        if rho is None:
+            rho = max(self.values.mean[b] / t for b, t in zip(self.candidates, seconds.tolist()))
+        return rho, seconds
+
+    def _factors(self) -> torch.Tensor:
+        """[K] measured / table price per candidate (1 where nothing is measured yet, or online is off)."""
+        return torch.tensor([self.factor(b) for b in self.candidates], dtype=torch.float64)
+
+    def factor(self, block: int) -> float:
+        """How much dearer (> 1) or cheaper than the cost table this call has measured a round of `block`."""
+        n = self._rounds_seen.get(block, 0)
+        return math.exp(self._common + self._above.get(block, 0.0) * n / (n + ONLINE_PRIOR))
+
+    def observe_round(self, num_rows: int, block: int, seconds: float):
+        """The engine's measured seconds for one bucket's round (`num_rows` rows at `block`)."""
+        if not self.online or seconds <= 0:
+            return
+        ratio = math.log(seconds / self.costs.round_cost(num_rows, block))
+        self._rounds += 1
+        self._common += max(ONLINE_RATE, 1.0 / self._rounds) * (ratio - self._common)
+        above = ratio - self._common
+        n = self._rounds_seen[block] = self._rounds_seen.get(block, 0) + 1
+        old = self._above.get(block, 0.0)
+        self._above[block] = old + max(ONLINE_RATE, 1.0 / n) * (above - old)
 
     def plan(self, rows: torch.Tensor, stats, pending_has: torch.Tensor) -> torch.Tensor:
         """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring)."""
@@ -119,9 +157,11 @@ class BlockPolicy:
             best, best_gain = None, -float("inf")
             plans = [torch.where(pinned, pinned_at, plan)
                      for plan in [torch.full((c,), k) for k in range(len(self.candidates))] + [own]]
+        factors = self._factors().tolist()
         for plan in plans:
             counts = torch.bincount(plan, minlength=len(self.candidates)).tolist()
-            bucket_seconds = sum(self.costs.round_cost(n, b) for n, b in zip(counts, self.candidates) if n)
+            bucket_seconds = sum(self.costs.round_cost(n, b) * f
+                                 for n, b, f in zip(counts, self.candidates, factors) if n)
             gain = float(value.gather(1, plan[:, None]).sum()) - c * rho * bucket_seconds
             if gain > best_gain:
                 best, best_gain = plan, gain

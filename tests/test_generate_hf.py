@@ -6,6 +6,7 @@ from conftest import left_pad, random_prompts, tiny_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import recguide_hf
+from recguide_hf.config import DecodingConfig
 from recguide_hf.export import save_model_folder
 from recguide_hf.hf_assist import EntropyRecorder, assisted_generate
 
@@ -32,6 +33,7 @@ def test_settings_from_passed_generation_config_and_kwargs(folder):
     assert set(stats_of(folder, generation_config=gc)["block_sizes"]) == {3}
     assert set(stats_of(folder, generation_config=gc, recguide_block_size=7)["block_sizes"]) == {7}  # kwarg wins
     assert set(stats_of(folder, recguide_block_size="4")["block_sizes"]) == {4}  # lm-eval passes strings
+    assert DecodingConfig.from_sources(gc, recguide_online_costs="false").online_costs is False
 
 
 def test_ar_mode_is_plain_hf(folder):
@@ -61,6 +63,7 @@ def test_output_layout_matches_hf(folder):
     (dict(recguide_max_corrections=-1), "recguide_max_corrections=-1"),
     (dict(recguide_max_corrections=3), "recguide_max_corrections=3"),
     (dict(recguide_overlap="gpu-magic"), "recguide_overlap='gpu-magic'"),
+    (dict(recguide_online_costs="sometimes"), "recguide_online_costs='sometimes'"),
     (dict(recguide_blocksize=8), "recguide_blocksize"),
     (dict(num_beams=2), "beam search"),
     (dict(num_return_sequences=2, do_sample=True), "num_return_sequences"),

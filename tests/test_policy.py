@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+from conftest import EOS, PAD, left_pad, random_prompts
 from mock_backbone import MockBackbone
 
+from recguide_hf.backbone import as_backbone
 from recguide_hf.calibrate import Round, ValueTable, fit
 from recguide_hf.config import DecodingConfig
 from recguide_hf.engine import Engine, SamplingSettings, verifier_entropy
@@ -137,7 +139,8 @@ def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
     for b in (1, 8):
         calls.clear()
         assert 0.0 < _host_timer(bb, 3, b)() < 0.1
-        assert calls  # the certainty signal is part of the timed rounds, as under the auto policy
+        # the certainty signal is part of the timed block rounds, as under the auto policy (plain steps read none)
+        assert bool(calls) == (b > 1)
 
 
 def test_profile_table_has_every_part_of_a_round(model):
@@ -308,3 +311,87 @@ def test_profile_times_block_sizes_in_turn(model, monkeypatch):
         passes = [c_calls[i * per_pass:(i + 1) * per_pass] for i in range(4)]
         assert all(p == passes[0] for p in passes) and len(set(passes[0])) == per_pass
         assert table["costs"][str(c)]["4"]["draft"] == 2.0 and table["costs"][str(c)]["1"]["host"] == 0.1
+
+
+def test_online_costs_move_off_a_block_the_table_underpriced():
+    """The table says a plain step costs 6 ms, so the unsure request takes B = 1. Rounds measured at the
+    table's price for B = 8 and at 5x it for B = 1 make the policy draft again: B = 1 is dearer than the
+    table said RELATIVE to B = 8. A few rounds do not flip the plan, a price common to every block size moves
+    nothing, and with `recguide_online_costs=False` nothing moves at all."""
+    costs, values = _tables(flat_cost=True, step=0.006)
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    fixed = BlockPolicy(DecodingConfig(block_size="auto", online_costs=False), costs, values)
+    assert policy.online and not fixed.online
+    assert choose(policy, 8, -3.0, 8, False) == 1
+    for _ in range(60):  # the machine is 3x slower than the table everywhere: no block is cheaper than before
+        policy.observe_round(8, 1, 3 * 0.006)
+        policy.observe_round(8, 8, 3 * 0.02)
+    assert policy.factor(1) == pytest.approx(3.0) and policy.factor(8) == pytest.approx(3.0)
+    assert policy.factor(16) == pytest.approx(3.0)  # never run: the common factor
+    assert choose(policy, 8, -3.0, 8, False) == 1
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    for _ in range(2):
+        for p in (policy, fixed):
+            p.observe_round(8, 1, 0.03)
+            p.observe_round(8, 8, 0.02)
+    assert policy.factor(1) > policy.factor(8) and choose(policy, 8, -3.0, 8, False) == 1
+    for _ in range(60):
+        for p in (policy, fixed):
+            p.observe_round(8, 1, 0.03)
+            p.observe_round(8, 8, 0.02)
+    assert 3.0 < policy.factor(1) / policy.factor(8) < 5.0  # 5x, shrunk toward the table by 16 rounds
+    assert choose(policy, 8, -3.0, 8, False) > 1
+    assert fixed.factor(1) == fixed.factor(8) == 1.0 and choose(fixed, 8, -3.0, 8, False) == 1
+    for _ in range(200):  # plain steps get cheap again: the price follows
+        policy.observe_round(8, 1, 0.006)
+        policy.observe_round(8, 8, 0.02)
+    assert policy.factor(1) / policy.factor(8) == pytest.approx(1.0, abs=0.05)
+    assert choose(policy, 8, -3.0, 8, False) == 1
+
+
+def test_the_engine_reports_each_buckets_round_time(model):
+    """Under "auto" the engine hands the policy one measured time per bucket round, for the rows and block
+    size of that bucket; greedy output is still plain greedy."""
+    costs, values = _tables(flat_cost=True, step=0.006)
+    cfg = DecodingConfig(mode="linear", block_size="auto")
+    seen = []
+
+    class Recording(BlockPolicy):
+        def observe_round(self, num_rows, block, seconds):
+            seen.append((num_rows, block, seconds))
+            super().observe_round(num_rows, block, seconds)
+
+    policy = Recording(cfg, costs, values)
+    ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=4))
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+    engine = Engine(as_backbone(model), cfg, SamplingSettings(max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=PAD),
+                    policy=policy)
+    out, stats = engine.generate(ids, mask)
+    assert torch.equal(out, ref[:, :out.shape[1]])
+    assert len(seen) >= stats.as_dict()["rounds"] / 3 and all(s > 0 and b in policy.candidates for _, b, s in seen)
+    assert sum(n for n, _, _ in seen) == stats.as_dict()["rounds"]  # every row's round is in exactly one bucket
+    assert set(policy._rounds_seen) == {b for _, b, _ in seen}
+
+
+def test_a_plain_step_leaves_no_certainty_reading(model):
+    """The value table knows the certainty of block rounds only. After a plain step the request's signal is
+    unset (NaN: the next plan reads each block's mean), and the block round after it starts a new history."""
+    costs, values = _tables(flat_cost=True, step=0.006)
+    cfg = DecodingConfig(mode="linear", block_size="auto")
+    history = []
+
+    class PlainThenBlocks(BlockPolicy):
+        def plan(self, rows, stats, pending_has):
+            history.append(stats.entropy[rows.cpu()].clone())
+            return torch.full_like(rows, 1 if len(history) in (2, 3) else 8)
+
+    ids, mask = left_pad(random_prompts(2, 96, min_len=3, max_len=9, seed=6))
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    engine = Engine(as_backbone(model), cfg, SamplingSettings(max_new_tokens=30, eos_token_ids=[EOS], pad_token_id=PAD),
+                    policy=PlainThenBlocks(cfg, costs, values))
+    out, _ = engine.generate(ids, mask)
+    assert torch.equal(out, ref[:, :out.shape[1]])
+    assert history[0].isnan().all() and not history[1][:, 0].isnan().any()  # round 1 (B = 8) read the signal
+    assert history[2][:, 0].isnan().all() and torch.equal(history[2][:, 1], history[1][:, 0])  # after a plain step
+    assert history[3].isnan().all()  # two plain steps: no reading at all
+    assert not history[4][:, 0].isnan().any() and history[4][:, 1].isnan().all()  # a block round starts anew
