@@ -262,10 +262,7 @@ class Engine:
         self.finished[rows] |= done
         self.stopper.check(self.seq, self.count, self.finished, old_counts=(rows, count))
         self.pending.has[rows] = False
-        # no certainty reading from a plain step: the value table was calibrated on block rounds (the mean over
-        # accepted positions and the first mismatch), and one position's entropy read as that kept unsure
-        # requests in runs of plain steps. The round after a plain step reads each block's mean value.
-        entropy = torch.full((r,), float("nan")) if self.wants_entropy else None
+        entropy = verifier_entropy(scores, none, one) if self.wants_entropy else None
         self.stats.record_round(rows, 1, self.count[rows] - count, none, none, torch.full_like(count, -1), False,
                                 entropy)
 

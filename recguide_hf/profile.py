@@ -87,8 +87,8 @@ class _FreeForward:
 def _host_timer(backbone, c: int, b: int, rounds: tuple[int, int] = (4, 16)):
     """A function that returns seconds of engine work per LinearSS round of c rows at block b, outside the
     forwards (the slope between two run lengths, so set-up and prefill cancel). The certainty signal is
-    computed, as the auto policy computes it every block round (a plain step reads none): a fixed-block engine
-    computes it only when asked for its round log, whose appends add a few microseconds per row."""
+    computed, as the auto policy computes it every round: a fixed-block engine computes it only when asked for
+    its round log, whose appends add a few microseconds per row."""
     from .engine import Engine, SamplingSettings  # engine -> policy -> this module
 
     config = DecodingConfig(mode="linear", block_size=b)
