@@ -95,7 +95,7 @@ def run_set(model, tokenizer, prompts: list[str], block: int, max_new: int, batc
         seqs, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
         width = enc["input_ids"].shape[1]
         per_row: dict[int, list[tuple[int, int]]] = {}
-        for row, _, n, k, _ in stats.round_log:
+        for row, _, n, k, _, _ in stats.round_log:
             per_row.setdefault(row, []).append((n, k))
         for r, rounds in per_row.items():
             count = int(stats.new_tokens[r])

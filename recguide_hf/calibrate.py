@@ -8,6 +8,11 @@ block B would have accepted `min(n_t, B-1)` drafts, so one run at B_max yields t
 bin of the certainty `s_t = -(e_{t-1} + e_{t-2}) / 2`. Each dataset gets equal total weight; quality is
 reported out of fold (5 folds split by request).
 
+The state after plain steps (B' = 1) is read on another scale: a plain step's entropy is that of ONE place,
+the verifier's next token, while a block round's `e_t` averages the places up to its first mismatch (the
+accepted ones mostly sure). So for B' = 1 the certainty is made from `f_t`, the entropy at the block's first
+place, which the same calibration round logs: what a plain step at that point would have read.
+
 How far to trust the table is measured too: the out-of-fold predictions are regressed on the outcomes,
 `p - mean = lambda_B (V_B - mean)`, and the policy reads `mean + lambda_B (V_B(s, z) - mean)`, with lambda_B
 clipped to [0, 1]. A signal that predicts progress keeps lambda near 1; one that does not predict it out of
@@ -18,6 +23,7 @@ block for its load).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +38,7 @@ class Round:
     t: int  # round index within the request
     entropy: float  # e_t: mean verifier entropy over causally valid positions
     accepted: int  # n_t at the calibration block
+    first_entropy: float | None = None  # f_t: verifier entropy at the block's first place (a plain step's reading)
 
 
 def _samples(rounds: list[Round], block_sizes, weights_by_dataset):
@@ -43,10 +50,13 @@ def _samples(rounds: list[Round], block_sizes, weights_by_dataset):
     for key, rs in by_req.items():
         rs.sort(key=lambda r: r.t)
         for i in range(2, len(rs)):
-            s = -(rs[i - 1].entropy + rs[i - 2].entropy) / 2
+            s_block = -(rs[i - 1].entropy + rs[i - 2].entropy) / 2
+            firsts = (rs[i - 1].first_entropy, rs[i - 2].first_entropy)
+            s_plain = s_block if None in firsts or any(math.isnan(f) for f in firsts) else -sum(firsts) / 2
+            progress = {b: min(rs[i].accepted, b - 1) + 1 for b in block_sizes}
             for b_prev in block_sizes:
                 full = rs[i - 1].accepted >= b_prev - 1
-                progress = {b: min(rs[i].accepted, b - 1) + 1 for b in block_sizes}
+                s = s_plain if b_prev == 1 else s_block
                 out.append((key, s, b_prev, full, progress, weights_by_dataset[key[0]]))
     return out
 

@@ -141,9 +141,9 @@ def cmd_calibrate(args) -> int:
                                              pad_token_id=tokenizer.pad_token_id))
             _, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
             t = {}
-            for row, _, accepted, _, entropy in stats.round_log:
+            for row, _, accepted, _, entropy, first in stats.round_log:
                 t[row] = t.get(row, -1) + 1
-                rounds.append(Round(name, i + row, t[row], entropy, accepted))
+                rounds.append(Round(name, i + row, t[row], entropy, accepted, first))
     table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins)
     table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts, "skip": args.skip,
                             "max_new_tokens": args.max_new_tokens}

@@ -83,7 +83,8 @@ class Engine:
 
         Args:
             input_ids: [N, W] left-padded prompts; attention_mask: [N, W] (None = no padding).
-            log_rounds: keep `stats.round_log` (row, block, accepted, drafts, entropy) per round (calibration).
+            log_rounds: keep `stats.round_log` (row, block, accepted, drafts, entropy, entropy at the seed's
+                place) per round (calibration).
         """
         device = self.backbone.device
         input_ids = input_ids.to(device)
@@ -235,8 +236,10 @@ class Engine:
             self.policy.observe(rows.numel(), int((hits.kind >= 0).sum()), int((plan.kind >= 0).sum()))
         # the certainty signal is read only by the auto policy (and calibration's round log)
         entropy = verifier_entropy(scores, verdict.num_accepted, eff) if self.wants_entropy else None
+        # calibration also logs what a plain step would have read here: the entropy at the seed's place alone
+        first = verifier_entropy(scores, torch.zeros_like(eff), eff) if self.stats.round_log is not None else None
         self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
-                                entropy)
+                                entropy, first)
 
     def _plain_round(self, rows: torch.Tensor):
         """B = 1, the fallback: one plain decoding step per row. The same steps as `_round` at B = 1 (where

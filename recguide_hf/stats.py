@@ -31,7 +31,7 @@ class Stats:
         self.entropy = torch.full((num_rows, 2), float("nan"))
         self.last_block = torch.zeros(num_rows, dtype=torch.long)
         self.last_full = torch.zeros(num_rows, dtype=torch.bool)
-        self.round_log: list[tuple] | None = None  # set to [] to log (row, block, accepted, drafts, entropy)
+        self.round_log: list[tuple] | None = None  # [] to log (row, block, accepted, drafts, entropy, first place's)
 
     def reset_rows(self, rows: torch.Tensor):
         """A slot starts a new request: clear its per-request counters and signals."""
@@ -54,7 +54,7 @@ class Stats:
         self.total_query_tokens += query_len * rows.numel()
 
     def record_round(self, rows, block: int, emitted, num_accepted, draft_len, hit_kind, had_branches: bool,
-                     entropy):
+                     entropy, first_entropy=None):
         rows = rows.cpu()
         self.rounds[rows] += 1
         self.new_tokens[rows] += emitted.cpu()
@@ -68,9 +68,12 @@ class Stats:
         for r in rows.tolist():
             self.block_sizes[r][block] += 1
         if self.round_log is not None:
-            ents = entropy.tolist() if entropy is not None else [float("nan")] * rows.numel()
-            for r, n, k, e in zip(rows.tolist(), num_accepted.tolist(), draft_len.tolist(), ents):
-                self.round_log.append((r, block, n, k, e))
+            nan = [float("nan")] * rows.numel()
+            ents = entropy.tolist() if entropy is not None else nan
+            # a plain step's entropy is already its first place's
+            firsts = first_entropy.tolist() if first_entropy is not None else (ents if block == 1 else nan)
+            for r, n, k, e, f in zip(rows.tolist(), num_accepted.tolist(), draft_len.tolist(), ents, firsts):
+                self.round_log.append((r, block, n, k, e, f))
         if entropy is not None:  # None: nobody reads the certainty signal in this run
             self.entropy[rows, 1] = self.entropy[rows, 0]
             self.entropy[rows, 0] = entropy.float().cpu()

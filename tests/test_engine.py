@@ -94,12 +94,12 @@ def test_first_draft_from_the_verifier(model):
         settings = SamplingSettings(max_new_tokens=25, eos_token_ids=[EOS], pad_token_id=PAD)
         out, stats = Engine(as_backbone(model), cfg, settings).generate(ids, mask, log_rounds=True)
         assert torch.equal(out, ref[:, :out.shape[1]]) and out.shape == ref.shape, (mode, block)
-        drafted = [(n, k) for _, _, n, k, _ in stats.round_log if k >= 1]
+        drafted = [(n, k) for _, _, n, k, _, _ in stats.round_log if k >= 1]
         assert drafted and (mode == "recguide" or all(n >= 1 for n, _ in drafted)), (mode, block)
         if mode == "linear":  # from the mask position instead, the random model's d_1 is rarely right
             base = Engine(as_backbone(model), DecodingConfig(mode=mode, block_size=block), settings)
             _, stats = base.generate(ids, mask, log_rounds=True)
-            assert sum(n >= 1 for _, _, n, k, _ in stats.round_log if k >= 1) < len(drafted)
+            assert sum(n >= 1 for _, _, n, k, _, _ in stats.round_log if k >= 1) < len(drafted)
     with pytest.raises(ValueError, match="recguide_first_draft"):
         DecodingConfig(first_draft="seed")
 

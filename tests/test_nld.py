@@ -122,7 +122,7 @@ def test_linear_rounds_match_reference(model):
             engine._admit(torch.tensor([0]), torch.tensor([prompt]), torch.tensor([0]))
             while engine._step():
                 pass
-            mine = [n for _, _, n, k, _ in engine.stats.round_log if k == block - 1]  # full-size rounds
+            mine = [n for _, _, n, k, _, _ in engine.stats.round_log if k == block - 1]  # full-size rounds
             assert mine == ref_rounds[:len(mine)]
             compared += len(mine)
             accepted += sum(mine)

@@ -53,6 +53,39 @@ def test_value_fit_known_answer():
     assert table["shrink"]["32"] == pytest.approx(1.0)  # so the policy trusts it fully
 
 
+
+def test_the_state_after_plain_steps_is_read_on_the_plain_scale():
+    """A plain step reads the entropy of one place, so the state after one (B' = 1) is fitted on `f_t`, the
+    entropy at the calibration block's first place. Here a block round's mean entropy is the same for both
+    kinds of request (their accepted places are sure) and only the first place tells them apart: the table
+    after a block of 8 cannot separate them, the table after plain steps can. Rounds logged without `f_t`
+    (older logs) fall back to the block scale."""
+    rounds = [Round("a", req, t, 0.5, 20 if req % 2 == 0 else 10, 0.2 if req % 2 == 0 else 4.0)
+              for req in range(40) for t in range(6)]  # both kinds fill a block of 8: the state cannot tell
+    vt = ValueTable(fit(rounds, block_sizes=(1, 8, 16), num_bins=2))
+    assert vt.value(16, -0.2, 1, True) == pytest.approx(16) and vt.value(16, -4.0, 1, True) == pytest.approx(11)
+    assert vt.value(16, -0.5, 8, True) == pytest.approx(vt.mean[16]) == pytest.approx(13.5)
+    old = ValueTable(fit([Round(r.dataset, r.request, r.t, r.entropy, r.accepted) for r in rounds],
+                         block_sizes=(1, 8, 16), num_bins=2))
+    assert old.value(16, -4.0, 1, True) == pytest.approx(old.mean[16])
+
+
+def test_calibration_logs_the_first_places_entropy(model):
+    """The round log carries each block round's entropy at its first place (a plain step's reading), the
+    mean over its valid places, and for a plain step the one place's entropy as both."""
+    ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=8))
+    for block in (1, 8):
+        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block),
+                        SamplingSettings(max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=PAD))
+        _, stats = engine.generate(ids, mask, log_rounds=True)
+        assert stats.round_log and all(len(entry) == 6 for entry in stats.round_log)
+        for _, b, n, _, e, f in stats.round_log:
+            assert b == block and f > 0 and not math.isnan(e)
+            if block == 1 or n == 0:  # one valid place: both readings are that place's
+                assert f == pytest.approx(e)
+        assert any(f != pytest.approx(e) for _, _, n, _, e, f in stats.round_log if n > 0) or block == 1
+
+
 def _tables(flat_cost: bool, blocks=(8, 16, 32), step: float | None = None):
     """Hand-made costs (flat, or growing with C and B) and the synthetic values; `step` = cost of a B=1 step."""
     costs = {}
