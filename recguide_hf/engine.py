@@ -55,15 +55,17 @@ class Engine:
         settings: lengths, special tokens and sampling switch.
         processor: applies the user's logits processors to verifier logits (processors.py).
         stopper: the user's stopping criteria (stopping.py).
+        policy: the block-size scheduler (policy.py); default: from the config's tables, with `prices` (the
+            online correction of the cost table, kept by the caller across calls; default: a fresh one).
     """
 
     def __init__(self, backbone: Backbone, config: DecodingConfig, settings: SamplingSettings,
                  processor: ScoreProcessor | None = None, stopper: StopChecker | None = None,
-                 policy: BlockPolicy | None = None, base_dir=None):
+                 policy: BlockPolicy | None = None, base_dir=None, prices=None):
         self.backbone, self.config, self.settings = backbone, config, settings
         self.processor = processor or ScoreProcessor([], backbone.mask_token_id)
         self.stopper = stopper or StopChecker([], settings.pad_token_id)
-        self.policy = policy or BlockPolicy.from_config(config, base_dir)
+        self.policy = policy or BlockPolicy.from_config(config, base_dir, prices)
         self.mask_id = backbone.mask_token_id
         self.wants_entropy = self.policy.auto  # the certainty signal costs a vocabulary-wide pass per round
         self.split_streams, self._side_stream = self._streams_setup(config.overlap)

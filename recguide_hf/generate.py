@@ -31,6 +31,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .backbone import as_backbone
 from .config import DecodingConfig
 from .engine import Engine, SamplingSettings
+from .policy import OnlinePrices
 from .processors import ScoreProcessor
 from .stats import branch_status
 from .stopping import StopChecker
@@ -119,8 +120,11 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
         pad_token_id=pad_id, do_sample=bool(generation_config.do_sample),
         draft_temperature=float(generation_config.temperature or 1.0),
     )
+    # the auto policy's measured prices carry over from call to call of this model (one per cost table)
+    prices = model.__dict__.setdefault("_recguide_prices", {}).setdefault(config.cost_table, OnlinePrices())
     engine = Engine(backbone, config, settings, ScoreProcessor(logits_processor, backbone.mask_token_id),
-                    StopChecker(stopping_criteria, pad_id), base_dir=getattr(model.config, "_name_or_path", None))
+                    StopChecker(stopping_criteria, pad_id), base_dir=getattr(model.config, "_name_or_path", None),
+                    prices=prices)
     sequences, stats = engine.generate(input_ids, model_kwargs.get("attention_mask"))
     summary = stats.as_dict()
     summary["branches"] = branch_status(config.branches_enabled, summary)

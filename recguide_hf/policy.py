@@ -23,7 +23,8 @@ have bought at the best fixed block, where
   rounds above `g`, and `T_n(B)` reads the table's price times exp(g + d_B n_B / (n_B + 16)) after n_B
   rounds of B. Only `d_B` can change a plan (a factor common to every B cancels against rho), so a block
   size priced wrong against the others is found out once it has run a few rounds, and a size not run yet
-  keeps the table's price relative to the rest.
+  keeps the table's price relative to the rest. `generate` keeps these prices on the model from call to
+  call (short calls then learn from the earlier ones); each `recguide bench` run starts afresh.
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
 `argmax_B V_B - rho_C T_C(B)`. With no history this is the best fixed block for the load. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
@@ -52,8 +53,31 @@ ONLINE_RATE = 0.05  # weight of the newest round in the running means of log(mea
 ONLINE_PRIOR = 16  # rounds of pseudo-evidence for the table's relative price: a few slow rounds cannot flip a plan
 
 
+class OnlinePrices:
+    """The running correction of the cost table by measured round times (module docstring, "online"). One
+    lives as long as its owner wants: `generate` keeps one per model and cost table across calls."""
+
+    def __init__(self):
+        self.common, self.rounds = 0.0, 0  # g: running mean of log(measured / table seconds), every round
+        self.above: dict[int, float] = {}  # d_B: running mean of B's log ratio above g
+        self.seen: dict[int, int] = {}  # n_B: rounds of B measured
+
+    def factor(self, block: int) -> float:
+        n = self.seen.get(block, 0)
+        return math.exp(self.common + self.above.get(block, 0.0) * n / (n + ONLINE_PRIOR))
+
+    def observe(self, block: int, log_ratio: float):
+        self.rounds += 1
+        self.common += max(ONLINE_RATE, 1.0 / self.rounds) * (log_ratio - self.common)
+        above = log_ratio - self.common
+        n = self.seen[block] = self.seen.get(block, 0) + 1
+        old = self.above.get(block, 0.0)
+        self.above[block] = old + max(ONLINE_RATE, 1.0 / n) * (above - old)
+
+
 class BlockPolicy:
-    def __init__(self, config: DecodingConfig, costs: CostTable | None = None, values: ValueTable | None = None):
+    def __init__(self, config: DecodingConfig, costs: CostTable | None = None, values: ValueTable | None = None,
+                 prices: OnlinePrices | None = None):
         self.config = config
         self.costs, self.values = costs, values
         self.auto = config.block_size == "auto"
@@ -78,12 +102,10 @@ class BlockPolicy:
             self.hits, self.branch_rounds = 3 * values.data["coverage"], 3.0
         self.segments_seen, self.segment_rows = 2.0, 1.0  # prior: two branch segments per row
         self.online = self.auto and config.online_costs and costs is not None and values is not None
-        self._common, self._rounds = 0.0, 0  # g: running mean of log(measured / table seconds), every round
-        self._above: dict[int, float] = {}  # d_B: running mean of B's log ratio above g
-        self._rounds_seen: dict[int, int] = {}
+        self.prices = prices if prices is not None else OnlinePrices()
 
     @classmethod
-    def from_config(cls, config: DecodingConfig, base_dir=None) -> BlockPolicy:
+    def from_config(cls, config: DecodingConfig, base_dir=None, prices: OnlinePrices | None = None) -> BlockPolicy:
         from pathlib import Path
 
         def resolve(path):
@@ -96,7 +118,7 @@ class BlockPolicy:
 
         costs = CostTable.load(resolve(config.cost_table)) if config.cost_table else None
         values = ValueTable.load(resolve(config.value_table)) if config.value_table else None
-        return cls(config, costs, values)
+        return cls(config, costs, values, prices)
 
     # ------------------------------------------------------------------ block sizes
     def _load(self, c: int) -> tuple[float, torch.Tensor]:
@@ -112,25 +134,17 @@ class BlockPolicy:
         return rho, seconds
 
     def _factors(self) -> torch.Tensor:
-        """[K] measured / table price per candidate (1 where nothing is measured yet, or online is off)."""
+        """[K] measured / table price per candidate (1 when online is off)."""
         return torch.tensor([self.factor(b) for b in self.candidates], dtype=torch.float64)
 
     def factor(self, block: int) -> float:
-        """How much dearer (> 1) or cheaper than the cost table this call has measured a round of `block`."""
-        n = self._rounds_seen.get(block, 0)
-        return math.exp(self._common + self._above.get(block, 0.0) * n / (n + ONLINE_PRIOR))
+        """How much dearer (> 1) or cheaper than the cost table rounds of `block` have been measured here."""
+        return self.prices.factor(block) if self.online else 1.0
 
     def observe_round(self, num_rows: int, block: int, seconds: float):
         """The engine's measured seconds for one bucket's round (`num_rows` rows at `block`)."""
-        if not self.online or seconds <= 0:
-            return
-        ratio = math.log(seconds / self.costs.round_cost(num_rows, block))
-        self._rounds += 1
-        self._common += max(ONLINE_RATE, 1.0 / self._rounds) * (ratio - self._common)
-        above = ratio - self._common
-        n = self._rounds_seen[block] = self._rounds_seen.get(block, 0) + 1
-        old = self._above.get(block, 0.0)
-        self._above[block] = old + max(ONLINE_RATE, 1.0 / n) * (above - old)
+        if self.online and seconds > 0:
+            self.prices.observe(block, math.log(seconds / self.costs.round_cost(num_rows, block)))
 
     def plan(self, rows: torch.Tensor, stats, pending_has: torch.Tensor) -> torch.Tensor:
         """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring)."""

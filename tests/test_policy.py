@@ -402,5 +402,33 @@ def test_the_engine_reports_each_buckets_round_time(model):
     assert torch.equal(out, ref[:, :out.shape[1]])
     assert len(seen) >= stats.as_dict()["rounds"] / 3 and all(s > 0 and b in policy.candidates for _, b, s in seen)
     assert sum(n for n, _, _ in seen) == stats.as_dict()["rounds"]  # every row's round is in exactly one bucket
-    assert set(policy._rounds_seen) == {b for _, b, _ in seen}
+    assert set(policy.prices.seen) == {b for _, b, _ in seen}
 
+
+
+
+def test_generate_keeps_measured_prices_across_calls(model, tmp_path):
+    """`generate` under "auto" keeps the online prices on the model, one per cost table, so the rounds of
+    earlier calls count in later ones; a fixed block size measures nothing."""
+    import json
+
+    import recguide_hf
+
+    costs, values = _tables(flat_cost=True, step=0.006)
+    (tmp_path / "costs.json").write_text(json.dumps(costs.data))
+    (tmp_path / "values.json").write_text(json.dumps(values.data))
+    cost_path = str(tmp_path / "costs.json")
+    ids, mask = left_pad(random_prompts(2, 96, min_len=2, max_len=9, seed=3))
+    kw = dict(recguide_mode="linear", recguide_block_size="auto", recguide_cost_table=cost_path,
+              recguide_value_table=str(tmp_path / "values.json"), max_new_tokens=10)
+    model.__dict__.pop("_recguide_prices", None)
+    recguide_hf.generate(model, ids, attention_mask=mask, **kw)
+    prices = model._recguide_prices[cost_path]
+    first = prices.rounds
+    assert first > 0
+    recguide_hf.generate(model, ids, attention_mask=mask, **kw)
+    assert model._recguide_prices[cost_path] is prices and prices.rounds > first
+    second = prices.rounds
+    recguide_hf.generate(model, ids, attention_mask=mask, **{**kw, "recguide_block_size": 4})
+    assert prices.rounds == second
+    model.__dict__.pop("_recguide_prices")
