@@ -20,11 +20,14 @@ have bought at the best fixed block, where
 * online (`recguide_online_costs`, on by default): the table was measured on static batches at one prefix
   length, while a served call has other lengths, admissions and a busy host. The engine times every
   bucket's round; `g` is the running mean of log(measured / table) over all rounds and `d_B` that of B's
-  rounds above `g`, and `T_n(B)` reads the table's price times exp(g + d_B n_B / (n_B + 16)) after n_B
-  rounds of B. Only `d_B` can change a plan (a factor common to every B cancels against rho), so a block
-  size priced wrong against the others is found out once it has run a few rounds, and a size not run yet
-  keeps the table's price relative to the rest. `generate` keeps these prices on the model from call to
-  call (short calls then learn from the earlier ones); each `recguide bench` run starts afresh.
+  rounds above `g`, and after n_B rounds of B, with w = n_B / (n_B + 16), `T_n(B)` reads the table's
+  price times exp(g + w d_B - (1 - w) u). Only the per-B part can change a plan (a factor common to every
+  B cancels against rho). `u` = 0.1 is optimism for what has not been measured: the profile's relative
+  prices can be off by that much in serving (C = 16 in the bench: the table tied B = 1 and B = 4, serving
+  ran B = 4 15% faster), so a size within ~10% of the best gets tried for a few rounds and is then read
+  as measured, while a size the table prices far worse is never tried. `generate` keeps these prices on
+  the model from call to call (short calls then learn from the earlier ones); each `recguide bench` run
+  starts afresh.
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
 `argmax_B V_B - rho_C T_C(B)`. With no history this is the best fixed block for the load. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
@@ -51,6 +54,7 @@ from .profile import CostTable
 
 ONLINE_RATE = 0.05  # weight of the newest round in the running means of log(measured / table seconds)
 ONLINE_PRIOR = 16  # rounds of pseudo-evidence for the table's relative price: a few slow rounds cannot flip a plan
+ONLINE_OPTIMISM = 0.1  # log-price discount of a block size not measured yet (fades as its rounds are measured)
 
 
 class OnlinePrices:
@@ -63,8 +67,8 @@ class OnlinePrices:
         self.seen: dict[int, int] = {}  # n_B: rounds of B measured
 
     def factor(self, block: int) -> float:
-        n = self.seen.get(block, 0)
-        return math.exp(self.common + self.above.get(block, 0.0) * n / (n + ONLINE_PRIOR))
+        w = self.seen.get(block, 0) / (self.seen.get(block, 0) + ONLINE_PRIOR)
+        return math.exp(self.common + w * self.above.get(block, 0.0) - (1 - w) * ONLINE_OPTIMISM)
 
     def observe(self, block: int, log_ratio: float):
         self.rounds += 1

@@ -349,7 +349,10 @@ def test_online_costs_move_off_a_block_the_table_underpriced():
     """The table says a plain step costs 6 ms, so the unsure request takes B = 1. Rounds measured at the
     table's price for B = 8 and at 5x it for B = 1 make the policy draft again: B = 1 is dearer than the
     table said RELATIVE to B = 8. A few rounds do not flip the plan, a price common to every block size moves
-    nothing, and with `recguide_online_costs=False` nothing moves at all."""
+    nothing, a size not measured yet reads up to 10% cheaper (optimism that fades as it is measured), and with
+    `recguide_online_costs=False` nothing moves at all."""
+    from recguide_hf.policy import ONLINE_OPTIMISM, ONLINE_PRIOR
+
     costs, values = _tables(flat_cost=True, step=0.006)
     policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
     fixed = BlockPolicy(DecodingConfig(block_size="auto", online_costs=False), costs, values)
@@ -358,8 +361,9 @@ def test_online_costs_move_off_a_block_the_table_underpriced():
     for _ in range(60):  # the machine is 3x slower than the table everywhere: no block is cheaper than before
         policy.observe_round(8, 1, 3 * 0.006)
         policy.observe_round(8, 8, 3 * 0.02)
-    assert policy.factor(1) == pytest.approx(3.0) and policy.factor(8) == pytest.approx(3.0)
-    assert policy.factor(16) == pytest.approx(3.0)  # never run: the common factor
+    w = 60 / (60 + ONLINE_PRIOR)
+    assert policy.factor(1) == pytest.approx(3.0 * math.exp(-(1 - w) * ONLINE_OPTIMISM)) == policy.factor(8)
+    assert policy.factor(16) == pytest.approx(3.0 * math.exp(-ONLINE_OPTIMISM))  # never run: optimism
     assert choose(policy, 8, -3.0, 8, False) == 1
     policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
     for _ in range(2):
@@ -379,6 +383,31 @@ def test_online_costs_move_off_a_block_the_table_underpriced():
         policy.observe_round(8, 8, 0.02)
     assert policy.factor(1) / policy.factor(8) == pytest.approx(1.0, abs=0.05)
     assert choose(policy, 8, -3.0, 8, False) == 1
+
+
+def test_a_near_tie_the_table_has_not_measured_gets_tried():
+    """Serving found B = 4 faster than the table said, relative to B = 1 (C = 16 in the bench). With only
+    B = 1 measured, every size moves with the common factor, but a size within the optimism of the best is
+    tried (its price reads up to 10% cheaper until measured), and once measured it stays if it really is
+    faster; a size the table prices far worse is never tried."""
+    costs = {}
+    for c in (1, 16):
+        costs[str(c)] = {"1": {"draft": 0.0, "verify": [0.0262] * 4},  # 16 / 26.2 ms = 611 tokens/s
+                         "4": {"draft": 0.0413, "verify": [0.0414] * 4},  # 16 x 3.1 / 82.7 ms = 600 tokens/s
+                         "32": {"draft": 0.2, "verify": [0.2] * 4}}
+    values = ValueTable({"block_sizes": [4, 32], "s_edges": [], "mean": {"4": 3.1, "32": 5.35},
+                         "values": {"4": {}, "32": {}}, "shrink": {"4": 0.0, "32": 0.0}})
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), CostTable({"costs": costs}), values)
+    assert choose(policy, 16, -3.0, 4, False) == 1  # the table's best by 2%
+    plain, four = CostTable({"costs": costs}).round_cost(16, 1), CostTable({"costs": costs}).round_cost(16, 4)
+    picks = []
+    for _ in range(100):
+        b = choose(policy, 16, -3.0, 4, False)
+        picks.append(b)
+        policy.observe_round(16, b, 1.2 * plain if b == 1 else four)  # plain steps 20% dearer than the table
+    assert 4 in picks[:5] and 32 not in picks
+    # B = 4 from then on, with B = 1 re-checked now and then, less and less often as its price is measured
+    assert picks[50:].count(4) >= 0.85 * 50 and picks[:50].count(1) > picks[50:].count(1)
 
 
 def test_the_engine_reports_each_buckets_round_time(model):
