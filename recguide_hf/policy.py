@@ -125,13 +125,13 @@ class BlockPolicy:
         return cls(config, costs, values, prices)
 
     # ------------------------------------------------------------------ block sizes
-    def _load(self, c: int) -> tuple[float, torch.Tensor]:
+    def _load(self, c: int, factors: torch.Tensor) -> tuple[float, torch.Tensor]:
         """(rho_C, round seconds T_C(B) per candidate [K]) at c rows: the table's, once per c, times the
-        online correction."""
+        online correction `factors` [K]."""
         if c not in self._at_load:
             self._at_load[c] = torch.tensor([self.costs.round_cost(c, b) for b in self.candidates],
                                             dtype=torch.float64)
-        seconds = self._at_load[c] * self._factors()
+        seconds = self._at_load[c] * factors
         rho = self.config.rho
         if rho is None:
             rho = max(self.values.mean[b] / t for b, t in zip(self.candidates, seconds.tolist()))
@@ -162,7 +162,8 @@ class BlockPolicy:
         s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
         prev, full = stats.last_block[rc], stats.last_full[rc]
         value = torch.stack([self.values.values_for(b, s, prev, full) for b in self.candidates], 1).double()  # [R, K]
-        rho, seconds = self._load(c)
+        factors = self._factors()  # once per round: the load's prices and every bucket's read them
+        rho, seconds = self._load(c, factors)
         own = (value - rho * seconds).argmax(1)  # each request's own best block
         pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
         if not bool(pinned.any()):
@@ -175,7 +176,7 @@ class BlockPolicy:
             best, best_gain = None, -float("inf")
             plans = [torch.where(pinned, pinned_at, plan)
                      for plan in [torch.full((c,), k) for k in range(len(self.candidates))] + [own]]
-        factors = self._factors().tolist()
+        factors = factors.tolist()
         for plan in plans:
             counts = torch.bincount(plan, minlength=len(self.candidates)).tolist()
             bucket_seconds = sum(self.costs.round_cost(n, b) * f
