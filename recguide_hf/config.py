@@ -41,6 +41,10 @@ class DecodingConfig:
     # table comes from static batches at one prefix length; serving differs). False: the table alone, and
     # block choices (so sampled output for a seed) independent of the machine's timing
     online_costs: bool = True
+    # how far a block size not run yet in this call reads cheaper than the table (a log-price discount that
+    # fades as its rounds are measured; 0: none), and the table's weight in rounds of pseudo-evidence
+    online_optimism: float = 0.03
+    online_prior: float = 8.0
 
     def __post_init__(self):
         _check(self.mode in MODES, "recguide_mode", self.mode, f"one of {MODES}")
@@ -62,6 +66,10 @@ class DecodingConfig:
                self.max_corrections, "0, 1 or 2")
         _check(isinstance(self.continuation, bool), "recguide_continuation", self.continuation, "true or false")
         _check(isinstance(self.online_costs, bool), "recguide_online_costs", self.online_costs, "true or false")
+        _check(_is_number(self.online_optimism) and 0 <= self.online_optimism <= 1, "recguide_online_optimism",
+               self.online_optimism, "a number from 0 to 1")
+        _check(_is_number(self.online_prior) and self.online_prior > 0, "recguide_online_prior", self.online_prior,
+               "a number > 0")
         _check(self.rho is None or (isinstance(self.rho, (int, float)) and self.rho >= 0), "recguide_rho",
                self.rho, "a number >= 0 or None")
 
@@ -99,7 +107,8 @@ def _coerce(key: str, value):
     switches = ("recguide_continuation", "recguide_online_costs")
     if key in switches and isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
-    if key in ("recguide_delta", "recguide_rho") and isinstance(value, str):
+    numbers = ("recguide_delta", "recguide_rho", "recguide_online_optimism", "recguide_online_prior")
+    if key in numbers and isinstance(value, str):
         try:
             return float(value)
         except ValueError:
@@ -115,6 +124,10 @@ def _maybe_int(v):
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _check(ok: bool, name: str, value, allowed: str):

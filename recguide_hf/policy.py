@@ -20,14 +20,15 @@ have bought at the best fixed block, where
 * online (`recguide_online_costs`, on by default): the table was measured on static batches at one prefix
   length, while a served call has other lengths, admissions and a busy host. The engine times every
   bucket's round; `g` is the running mean of log(measured / table) over all rounds and `d_B` that of B's
-  rounds above `g`, and after n_B rounds of B, with w = n_B / (n_B + 16), `T_n(B)` reads the table's
+  rounds above `g`, and after n_B rounds of B, with w = n_B / (n_B + prior), `T_n(B)` reads the table's
   price times exp(g + w d_B - (1 - w) u). Only the per-B part can change a plan (a factor common to every
-  B cancels against rho). `u` = 0.1 is optimism for what has not been measured: the profile's relative
-  prices can be off by that much in serving (C = 16 in the bench: the table tied B = 1 and B = 4, serving
-  ran B = 4 15% faster), so a size within ~10% of the best gets tried for a few rounds and is then read
-  as measured, while a size the table prices far worse is never tried. `generate` keeps these prices on
-  the model from call to call (short calls then learn from the earlier ones); each `recguide bench` run
-  starts afresh.
+  B cancels against rho). `u` (`recguide_online_optimism`, 0.03) is optimism for what has not been
+  measured: a size within ~3% of the best gets tried and is then read as measured, while a size the table
+  prices far worse is never tried. `prior` (`recguide_online_prior`, 8 rounds) is the table's weight. The
+  defaults come from a sweep on the bundled model (README): the measured relative prices stayed within a
+  few percent of the table's, and larger optimism (0.1, prior 16) made near-tied sizes alternate and cost
+  up to 10% at C = 16. `generate` keeps these prices on the model from call to call (short calls then
+  learn from the earlier ones); each `recguide bench` run starts afresh.
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
 `argmax_B V_B - rho_C T_C(B)`. With no history this is the best fixed block for the load. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
@@ -53,8 +54,6 @@ from .config import PAPER_BLOCK_SIZES, DecodingConfig
 from .profile import CostTable
 
 ONLINE_RATE = 0.05  # weight of the newest round in the running means of log(measured / table seconds)
-ONLINE_PRIOR = 16  # rounds of pseudo-evidence for the table's relative price: a few slow rounds cannot flip a plan
-ONLINE_OPTIMISM = 0.1  # log-price discount of a block size not measured yet (fades as its rounds are measured)
 
 
 class OnlinePrices:
@@ -66,9 +65,10 @@ class OnlinePrices:
         self.above: dict[int, float] = {}  # d_B: running mean of B's log ratio above g
         self.seen: dict[int, int] = {}  # n_B: rounds of B measured
 
-    def factor(self, block: int) -> float:
-        w = self.seen.get(block, 0) / (self.seen.get(block, 0) + ONLINE_PRIOR)
-        return math.exp(self.common + w * self.above.get(block, 0.0) - (1 - w) * ONLINE_OPTIMISM)
+    def factor(self, block: int, optimism: float, prior: float) -> float:
+        """exp(g + w d_B - (1 - w) u), w = n_B / (n_B + prior), u = optimism (module docstring)."""
+        w = self.seen.get(block, 0) / (self.seen.get(block, 0) + prior)
+        return math.exp(self.common + w * self.above.get(block, 0.0) - (1 - w) * optimism)
 
     def observe(self, block: int, log_ratio: float):
         self.rounds += 1
@@ -143,7 +143,9 @@ class BlockPolicy:
 
     def factor(self, block: int) -> float:
         """How much dearer (> 1) or cheaper than the cost table rounds of `block` have been measured here."""
-        return self.prices.factor(block) if self.online else 1.0
+        if not self.online:
+            return 1.0
+        return self.prices.factor(block, self.config.online_optimism, self.config.online_prior)
 
     def observe_round(self, num_rows: int, block: int, seconds: float):
         """The engine's measured seconds for one bucket's round (`num_rows` rows at `block`)."""

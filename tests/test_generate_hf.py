@@ -34,6 +34,8 @@ def test_settings_from_passed_generation_config_and_kwargs(folder):
     assert set(stats_of(folder, generation_config=gc, recguide_block_size=7)["block_sizes"]) == {7}  # kwarg wins
     assert set(stats_of(folder, recguide_block_size="4")["block_sizes"]) == {4}  # lm-eval passes strings
     assert DecodingConfig.from_sources(gc, recguide_online_costs="false").online_costs is False
+    tuned = DecodingConfig.from_sources(gc, recguide_online_optimism="0.1", recguide_online_prior="16")
+    assert (tuned.online_optimism, tuned.online_prior) == (0.1, 16.0)
 
 
 def test_ar_mode_is_plain_hf(folder):
@@ -64,6 +66,9 @@ def test_output_layout_matches_hf(folder):
     (dict(recguide_max_corrections=3), "recguide_max_corrections=3"),
     (dict(recguide_overlap="gpu-magic"), "recguide_overlap='gpu-magic'"),
     (dict(recguide_online_costs="sometimes"), "recguide_online_costs='sometimes'"),
+    (dict(recguide_online_optimism=-0.1), "recguide_online_optimism=-0.1"),
+    (dict(recguide_online_prior=0), "recguide_online_prior=0"),
+    (dict(recguide_online_prior="many"), "recguide_online_prior='many'"),
     (dict(recguide_blocksize=8), "recguide_blocksize"),
     (dict(num_beams=2), "beam search"),
     (dict(num_return_sequences=2, do_sample=True), "num_return_sequences"),

@@ -349,23 +349,24 @@ def test_online_costs_move_off_a_block_the_table_underpriced():
     """The table says a plain step costs 6 ms, so the unsure request takes B = 1. Rounds measured at the
     table's price for B = 8 and at 5x it for B = 1 make the policy draft again: B = 1 is dearer than the
     table said RELATIVE to B = 8. A few rounds do not flip the plan, a price common to every block size moves
-    nothing, a size not measured yet reads up to 10% cheaper (optimism that fades as it is measured), and with
+    nothing, a size not measured yet reads up to 10% cheaper (optimism 0.1 and a prior of 16 rounds, set
+    here; the optimism fades as the size is measured), and with
     `recguide_online_costs=False` nothing moves at all."""
-    from recguide_hf.policy import ONLINE_OPTIMISM, ONLINE_PRIOR
-
     costs, values = _tables(flat_cost=True, step=0.006)
-    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    config = DecodingConfig(block_size="auto", online_optimism=0.1, online_prior=16)
+    optimism, prior = config.online_optimism, config.online_prior
+    policy = BlockPolicy(config, costs, values)
     fixed = BlockPolicy(DecodingConfig(block_size="auto", online_costs=False), costs, values)
     assert policy.online and not fixed.online
     assert choose(policy, 8, -3.0, 8, False) == 1
     for _ in range(60):  # the machine is 3x slower than the table everywhere: no block is cheaper than before
         policy.observe_round(8, 1, 3 * 0.006)
         policy.observe_round(8, 8, 3 * 0.02)
-    w = 60 / (60 + ONLINE_PRIOR)
-    assert policy.factor(1) == pytest.approx(3.0 * math.exp(-(1 - w) * ONLINE_OPTIMISM)) == policy.factor(8)
-    assert policy.factor(16) == pytest.approx(3.0 * math.exp(-ONLINE_OPTIMISM))  # never run: optimism
+    w = 60 / (60 + prior)
+    assert policy.factor(1) == pytest.approx(3.0 * math.exp(-(1 - w) * optimism)) == policy.factor(8)
+    assert policy.factor(16) == pytest.approx(3.0 * math.exp(-optimism))  # never run: optimism
     assert choose(policy, 8, -3.0, 8, False) == 1
-    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    policy = BlockPolicy(config, costs, values)
     for _ in range(2):
         for p in (policy, fixed):
             p.observe_round(8, 1, 0.03)
@@ -397,7 +398,8 @@ def test_a_near_tie_the_table_has_not_measured_gets_tried():
                          "32": {"draft": 0.2, "verify": [0.2] * 4}}
     values = ValueTable({"block_sizes": [4, 32], "s_edges": [], "mean": {"4": 3.1, "32": 5.35},
                          "values": {"4": {}, "32": {}}, "shrink": {"4": 0.0, "32": 0.0}})
-    policy = BlockPolicy(DecodingConfig(block_size="auto"), CostTable({"costs": costs}), values)
+    policy = BlockPolicy(DecodingConfig(block_size="auto", online_optimism=0.1, online_prior=16),
+                         CostTable({"costs": costs}), values)
     assert choose(policy, 16, -3.0, 4, False) == 1  # the table's best by 2%
     plain, four = CostTable({"costs": costs}).round_cost(16, 1), CostTable({"costs": costs}).round_cost(16, 4)
     picks = []
