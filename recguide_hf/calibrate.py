@@ -150,13 +150,17 @@ class ValueTable:
         self.values = data["values"]
         self.mean = {int(b): v for b, v in data["mean"].items()} | {1: 1.0}
         self.shrink = {int(b): float(v) for b, v in data.get("shrink", {}).items()}
-        # per block: [previous blocks, fully accepted?, s bins] for the vectorised lookup
-        self._prev_index = {b: i for i, b in enumerate(self.block_sizes)}
+        # per block: [previous blocks, fully accepted?, s bins] for the vectorised lookup; a previous block the
+        # table does not know reads index -1 (`_prev_lut` maps block sizes 0..64 to table indices)
+        self._prev_lut = torch.full((65,), -1, dtype=torch.long)
+        for i, b in enumerate(self.block_sizes):
+            self._prev_lut[b] = i
         missing = [None] * (len(self.edges) + 1)  # a state the table lacks reads the block's mean
         self._grid = {b: torch.tensor([[[self._shrunk(b, v) for v in self.values[str(b)].get(f"{bp},{f}", missing)]
                                         for f in (0, 1)] for bp in self.block_sizes], dtype=torch.float32)
                       for b in self.block_sizes}
         self._edges = torch.tensor(self.edges, dtype=torch.float32)
+        self._stacked: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def load(cls, path: str | Path) -> ValueTable:
@@ -170,15 +174,22 @@ class ValueTable:
     def values_for(self, block: int, s: torch.Tensor, prev_block: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         """`value` for many rows at once: s [R] float, prev_block [R] long, full [R] bool -> [R] float.
         A previous block the table does not know (or s NaN) gives the block's mean."""
-        if block == 1:
-            return torch.ones_like(s)
-        prev_idx = torch.tensor([self._prev_index.get(int(b), -1) for b in prev_block.tolist()]) \
-            if prev_block.numel() else prev_block
-        known = (prev_idx >= 0) & ~s.isnan()
+        return self.values_matrix([block], s, prev_block, full)[:, 0]
+
+    def values_matrix(self, blocks: list[int], s: torch.Tensor, prev_block: torch.Tensor,
+                      full: torch.Tensor) -> torch.Tensor:
+        """`values_for` of several blocks in one lookup (the policy's per-round call): -> [R, K] float."""
+        key = tuple(blocks)
+        if key not in self._stacked:  # [K, P, 2, S] grids (V_1 = 1 everywhere) and [K] means
+            shape = (len(self.block_sizes), 2, len(self.edges) + 1)
+            grids = [torch.ones(shape) if b == 1 else self._grid[b] for b in blocks]
+            self._stacked[key] = torch.stack(grids), torch.tensor([self.mean[b] for b in blocks])
+        grid, means = self._stacked[key]
+        prev_idx = self._prev_lut[prev_block.clamp(0, 64)]
+        known = ((prev_idx >= 0) & ~s.isnan())[:, None]
         bins = torch.bucketize(s.nan_to_num(0.0), self._edges, right=True)  # = np.searchsorted(side="right")
-        grid = self._grid[block]
-        v = grid[prev_idx.clamp(min=0), full.long(), bins]
-        return torch.where(known, v, torch.full_like(v, self.mean[block]))
+        v = grid[:, prev_idx.clamp(min=0), full.long(), bins].T  # [R, K]
+        return torch.where(known, v, means[None, :].expand_as(v))
 
     def value(self, block: int, s: float | None, prev_block: int | None, full: bool | None) -> float:
         if block == 1:

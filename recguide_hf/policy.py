@@ -163,7 +163,7 @@ class BlockPolicy:
         e1, e2 = stats.entropy[rc].unbind(1)
         s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
         prev, full = stats.last_block[rc], stats.last_full[rc]
-        value = torch.stack([self.values.values_for(b, s, prev, full) for b in self.candidates], 1).double()  # [R, K]
+        value = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
         factors = self._factors()  # once per round: the load's prices and every bucket's read them
         rho, seconds = self._load(c, factors)
         own = (value - rho * seconds).argmax(1)  # each request's own best block
