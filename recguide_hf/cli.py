@@ -256,12 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft model folder for hf-assisted (default: the bundled one)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     b.add_argument("--max-new-tokens", type=int, default=64,
-                   help="per request (64 keeps the default run within 30 minutes on 2 CPU cores)")
+                   help="per request (64 keeps the default run within 45 minutes on 2 CPU cores)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--prompts-per-slot", type=int, default=2, help="closed loop over C x this many prompts")
-    b.add_argument("--min-prompts", type=int, default=16,
-                   help="at least this many requests at every C: at low C a run of 8 x 64 tokens lasts a few "
-                        "seconds, and the ratio between methods then moved by 20%% from one repeat to the next")
+    b.add_argument("--min-prompts", type=int, default=32,
+                   help="at least this many requests at every C: with 16, a run at C = 8 lasted about 3 seconds "
+                        "and the ratio between two methods moved by 10-20%% from one repeat to the next")
     b.add_argument("--quick", action="store_true", help="C in {1, 4}, 32 new tokens, 1 repeat (a few minutes)")
     b.add_argument("--out", default="eval/results")
     b.add_argument("--device", default="cpu")
