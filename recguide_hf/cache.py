@@ -26,6 +26,23 @@ class Binding:
     kv_len: int
     all_rows: bool
     start: int | None = None  # the one first write slot when every row of an all-rows forward shares it
+    fresh: bool = False  # every row starts empty (a prefill): it sees exactly the keys/values it writes
+
+
+def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
+    """Indices into `lengths` grouped for padded forwards: sorted longest first, a group grows while its
+    padded size (rows x its longest) stays within `1 + waste` times its real tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    real = 0
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + waste) * (real + lengths[i]):
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
 
 
 class RowCache(Cache):
@@ -76,7 +93,8 @@ class RowCache(Cache):
             raise RuntimeError(f"RowCache capacity {self.capacity} exceeded ({kv_len} slots needed)")
         all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
         start = int(base[0]) if all_rows and bool((base == base[0]).all()) else None
-        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start)
+        fresh = not bool(base.any())
+        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh)
 
     def use(self, binding: Binding) -> None:
         self._binding = binding
@@ -98,6 +116,11 @@ class RowCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [R, kv_heads, Q, head_dim]
         b = self._binding
+        if b.fresh:  # write the rows' first slots, attend over the new tensors (no read back of the buffers)
+            q = key_states.shape[2]
+            self.keys[layer_idx][b.rows, :, :q] = key_states.to(self.keys[layer_idx].dtype)
+            self.values[layer_idx][b.rows, :, :q] = value_states.to(self.values[layer_idx].dtype)
+            return key_states, value_states
         if b.start is not None:  # one slice for the whole batch (a plain copy, no scatter)
             end = b.start + key_states.shape[2]
             self.keys[layer_idx][:, :, b.start:end].copy_(key_states)

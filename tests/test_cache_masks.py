@@ -60,3 +60,29 @@ def test_build_mask_brute_force():
                 allowed = bool(prefix or new)
                 assert (mask[r, 0, i, j] == 0) == allowed, (r, i, j)
     assert positions(lengths, pads, torch.arange(q)).tolist() == [[3, 4, 5], [2, 3, 4]]
+
+
+def test_length_groups_bound_the_padding():
+    from recguide_hf.cache import length_groups
+
+    # longest first; 318 x 3 = 954 <= 1.25 x (318 + 300 + 149) = 958.75, a fourth row would pad past it
+    assert length_groups([149, 318, 100, 300, 50, 60, 61, 10]) == [[1, 3, 0], [2, 6], [5, 4], [7]]
+    assert length_groups([5, 5, 5]) == [[0, 1, 2]]
+    assert length_groups([8, 1], waste=0.0) == [[0], [1]]
+    assert length_groups([]) == []
+
+
+def test_fresh_rows_attend_over_what_they_write():
+    """A forward whose rows all start empty (a prefill) gets back its own keys/values, and the buffers hold
+    them at the rows' first slots, as the general scatter path would have written them."""
+    cache = RowCache(num_layers=1, num_rows=4, num_kv_heads=2, head_dim=3, capacity=10)
+    cache.lengths[:] = torch.tensor([5, 0, 2, 0])
+    rows = torch.tensor([3, 1])
+    cache.bind(rows, 4)
+    assert cache._binding.fresh
+    k, v = torch.randn(2, 2, 4, 3), torch.randn(2, 2, 4, 3)
+    seen_k, seen_v = cache.update(k, v, 0)
+    assert seen_k is k and seen_v is v
+    assert torch.equal(cache.keys[0][rows, :, :4], k) and torch.equal(cache.values[0][rows, :, :4], v)
+    cache.bind(torch.tensor([1, 2]), 4)  # row 2 has a prefix: the general path
+    assert not cache._binding.fresh

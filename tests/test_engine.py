@@ -115,7 +115,9 @@ def test_plain_steps_without_a_mask_when_rows_need_none(model):
 
         def forward(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
             logits = super().forward(input_ids, position_ids, attention_mask, cache, draft_mask, logits_to_keep)
-            if attention_mask is None:  # the same forward again with the explicit mask the engine would build
+            # a decoding step with no mask (a prefill of one token per row may run unmasked too: it sees only
+            # itself) is run again with the explicit mask the engine would build
+            if attention_mask is None and not logits_to_keep:
                 lengths = cache.lengths[cache._binding.rows.cpu()]
                 from recguide_hf.masks import build_mask, causal_intra
                 full = build_mask(lengths, torch.zeros_like(lengths), causal_intra(len(lengths), 1),
@@ -343,3 +345,31 @@ def test_slot_reuse_matches_running_alone(model):
             ref.pop()
         assert rec["new_ids"] == ref
         assert rec["new_tokens"] == len(ref) and rec["latency"] > 0
+
+
+def test_prefill_in_length_groups_fills_the_cache_as_one_forward(model, monkeypatch):
+    """Prompts of different lengths are prefilled in length-sorted groups; the committed cache equals the
+    one padded forward's, to float rounding, and decoding stays HF greedy."""
+    import recguide_hf.engine as engine_module
+
+    prompts = random_prompts(6, 96, min_len=1, max_len=30, seed=4)
+    ids, mask = left_pad(prompts)
+    assert len(engine_module.length_groups((mask.sum(1) - 1).tolist())) > 1  # several groups, really
+    settings = SamplingSettings(max_new_tokens=0, eos_token_ids=[], pad_token_id=PAD)
+    caches = []
+    for grouped in (True, False):
+        if not grouped:
+            monkeypatch.setattr(engine_module, "length_groups", lambda lengths: [list(range(len(lengths)))])
+        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4), settings)
+        engine.generate(ids, mask)
+        caches.append(engine.cache)
+    grouped, single = caches
+    assert torch.equal(grouped.lengths, single.lengths)
+    for layer in range(len(grouped.keys)):
+        for r, n in enumerate(grouped.lengths.tolist()):
+            assert torch.allclose(grouped.keys[layer][r, :, :n], single.keys[layer][r, :, :n], atol=1e-5)
+            assert torch.allclose(grouped.values[layer][r, :, :n], single.values[layer][r, :, :n], atol=1e-5)
+    monkeypatch.undo()
+    out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=16, recguide_mode="linear",
+                               recguide_block_size=4)
+    assert torch.equal(out, hf_greedy(model, ids, mask, max_new_tokens=16))
