@@ -2,11 +2,11 @@
 
     python eval/update_readme.py
 
-Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/round_profile*.json, eval/results/engine.json,
-model_cards/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and rewrites the
-text between the results markers, the speed sentence of the introduction (between the speed markers) and the
-round-time table of "How it works" (between the round markers), and the lm-eval parity table of
-docs/lm_eval.md (between its parity markers).
+Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/round_profile*.json, serve_profile*.json,
+engine.json, model_cards/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and
+rewrites the text between the results markers, the speed sentence of the introduction (between the speed
+markers), the round-time and serving-time tables of "How it works" (between the round and serve markers), and
+the lm-eval parity table of docs/lm_eval.md (between its parity markers).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 SPEED = ("<!-- speed:start -->", "<!-- speed:end -->")
 ROUND = ("<!-- round:start -->", "<!-- round:end -->")
+SERVE = ("<!-- serve:start -->", "<!-- serve:end -->")
 PARITY = ("<!-- parity:start -->", "<!-- parity:end -->")  # docs/lm_eval.md
 CARDS = ROOT / "model_cards"
 
@@ -97,6 +98,29 @@ def round_table(res: Path) -> str:
                  + " on the same 2-core VM, so compare the shares and ratios within a run, not milliseconds "
                    "across runs.")
     return "\n".join(rows) + "\n\nMeasured with " + "; ".join(cmds) + " on an idle CPU." + speed
+
+
+def serve_table(res: Path) -> str:
+    """Where closed-loop serving time goes, before the grouped prefill and now (eval/serve_profile.py;
+    serve_profile_before.json is the run at the commit before it)."""
+    files = [("before", res / "serve_profile_before.json"), ("now", res / "serve_profile.json")]
+    rows = ["| engine | C | method | tok/s | admissions (prefill) | round forwards | policy | other |",
+            "|---|---|---|---|---|---|---|---|"]
+    cmds = []
+    for label, path in files:
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        env = data["environment"]
+        cmds.append(f"{label}: commit {env['git_commit']}")
+        for row in data["results"]:
+            for method, v in row["methods"].items():
+                rows.append(f"| {label} | {row['C']} | {method} | {v['tokens_per_s']:.0f} | {v['admission_share']:.0%} "
+                            f"| {v['round_forward_share']:.0%} | {v['policy_share']:.1%} | {v['other_share']:.0%} |")
+    if not cmds:
+        return "(run `python eval/serve_profile.py --out eval/results/serve_profile.json`)"
+    return ("\n".join(rows) + f"\n\nMeasured with `{data['command']}` ({env['hardware']}, {env['threads']} threads; "
+            + "; ".join(cmds) + ") on an idle CPU, one run after the other: compare shares and ratios within a run.")
 
 
 def threads_note(res: Path) -> str:
@@ -250,6 +274,7 @@ def main():
     if (res / "bench.json").exists():
         text = replace_between(text, SPEED, speed_sentence(json.loads((res / "bench.json").read_text())))
     text = replace_between(text, ROUND, round_table(res))
+    text = replace_between(text, SERVE, serve_table(res))
     text = replace_between(text, ("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), sep="")
     readme.write_text(text)
     print("README results section updated")
