@@ -13,6 +13,11 @@ the verifier's next token, while a block round's `e_t` averages the places up to
 accepted ones mostly sure). So for B' = 1 the certainty is made from `f_t`, the entropy at the block's first
 place, which the same calibration round logs: what a plain step at that point would have read.
 
+The signal can instead be recent verification outcomes (`signal="accepted"`, `recguide calibrate --signal
+accepted`): s_t = the mean drafts accepted in the last two rounds, each as a round at the state's block B' would
+have seen it, min(n, B' - 1), and 0 after a plain step. `eval/signal_check.py` measures which of the two predicts
+progress out of fold.
+
 How far to trust the table is measured too: the out-of-fold predictions are regressed on the outcomes,
 `p - mean = lambda_B (V_B - mean)`, and the policy reads `mean + lambda_B (V_B(s, z) - mean)`, with lambda_B
 clipped to [0, 1]. A signal that predicts progress keeps lambda near 1; one that does not predict it out of
@@ -41,7 +46,16 @@ class Round:
     first_entropy: float | None = None  # f_t: verifier entropy at the block's first place (a plain step's reading)
 
 
-def _samples(rounds: list[Round], block_sizes, weights_by_dataset):
+SIGNALS = ("entropy", "accepted")  # what the per-request signal s_t is made of (module docstring)
+
+
+def accepted_signal(n1: float, n2: float, b_prev: int) -> float:
+    """s_t from recent verification outcomes: the mean drafts accepted in the last two rounds, each as a round
+    at block `b_prev` would have seen it (censored at b_prev - 1); 0 after a plain step, which drafts nothing."""
+    return 0.0 if b_prev == 1 else (min(n1, b_prev - 1) + min(n2, b_prev - 1)) / 2
+
+
+def _samples(rounds: list[Round], block_sizes, weights_by_dataset, signal: str = "entropy"):
     """Rows (request key, s, B_prev, F_prev, progress per B, weight) for rounds with two rounds of history."""
     by_req: dict[tuple, list[Round]] = {}
     for r in rounds:
@@ -56,26 +70,33 @@ def _samples(rounds: list[Round], block_sizes, weights_by_dataset):
             progress = {b: min(rs[i].accepted, b - 1) + 1 for b in block_sizes}
             for b_prev in block_sizes:
                 full = rs[i - 1].accepted >= b_prev - 1
-                s = s_plain if b_prev == 1 else s_block
+                if signal == "accepted":
+                    s = accepted_signal(rs[i - 1].accepted, rs[i - 2].accepted, b_prev)
+                else:
+                    s = s_plain if b_prev == 1 else s_block
                 out.append((key, s, b_prev, full, progress, weights_by_dataset[key[0]]))
     return out
 
 
-def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: int = 5, seed: int = 0) -> dict:
-    """Fit V on all rounds and report out-of-fold prediction quality."""
+def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: int = 5, seed: int = 0,
+        signal: str = "entropy") -> dict:
+    """Fit V on all rounds and report out-of-fold prediction quality; `signal` (SIGNALS) is what s_t is."""
+    if signal not in SIGNALS:
+        raise ValueError(f"signal {signal!r}: expected one of {SIGNALS}")
     counts: dict[str, int] = {}
     for r in rounds:
         counts[r.dataset] = counts.get(r.dataset, 0) + 1
     weights = {d: 1.0 / n for d, n in counts.items()}
-    samples = _samples(rounds, block_sizes, weights)
+    samples = _samples(rounds, block_sizes, weights, signal)
     if not samples:
         raise ValueError("Calibration needs requests with at least three rounds")
     s_all = np.array([x[1] for x in samples])
     edges = np.unique(np.quantile(s_all, np.linspace(0, 1, num_bins + 1)[1:-1])).tolist()
     table = _fit_table(samples, block_sizes, edges)
     report = _out_of_fold(samples, block_sizes, edges, folds, seed)
-    return {"block_sizes": list(block_sizes), "s_edges": edges, "values": table["values"], "mean": table["mean"],
-            "shrink": report.pop("shrink"), "report": report, "datasets": {d: n for d, n in counts.items()}}
+    return {"block_sizes": list(block_sizes), "signal": signal, "s_edges": edges, "values": table["values"],
+            "mean": table["mean"], "shrink": report.pop("shrink"), "report": report,
+            "datasets": {d: n for d, n in counts.items()}}
 
 
 def _bin(s: float, edges) -> int:
@@ -147,6 +168,7 @@ class ValueTable:
         self.data = data
         self.block_sizes = [int(b) for b in data["block_sizes"]]
         self.edges = data["s_edges"]
+        self.signal = data.get("signal", "entropy")  # tables from before the choice binned the entropy signal
         self.values = data["values"]
         self.mean = {int(b): v for b, v in data["mean"].items()} | {1: 1.0}
         self.shrink = {int(b): float(v) for b, v in data.get("shrink", {}).items()}

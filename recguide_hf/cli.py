@@ -144,7 +144,7 @@ def cmd_calibrate(args) -> int:
             for row, _, accepted, _, entropy, first in stats.round_log:
                 t[row] = t.get(row, -1) + 1
                 rounds.append(Round(name, i + row, t[row], entropy, accepted, first))
-    table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins)
+    table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins, signal=args.signal)
     table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts, "skip": args.skip,
                             "max_new_tokens": args.max_new_tokens}
     out = Path(args.out) if args.out else Path(args.model or BUNDLED_MODEL) / "value_table.json"
@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-new-tokens", type=int, default=128)
     c.add_argument("--batch", type=int, default=16)
     c.add_argument("--bins", type=int, default=6)
+    c.add_argument("--signal", choices=["entropy", "accepted"], default="entropy",
+                   help="what the per-request state s_t bins: minus the verifier entropy of the last two rounds "
+                        "(DESIGN 2.3), or the drafts they accepted (eval/signal_check.py measures which predicts)")
     c.add_argument("--device", default="cpu")
     c.add_argument("--out", default=None, help="default: MODEL/value_table.json")
     c.set_defaults(func=cmd_calibrate)

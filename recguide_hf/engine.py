@@ -68,7 +68,7 @@ class Engine:
         self.stopper = stopper or StopChecker([], settings.pad_token_id)
         self.policy = policy or BlockPolicy.from_config(config, base_dir, prices)
         self.mask_id = backbone.mask_token_id
-        self.wants_entropy = self.policy.auto  # the certainty signal costs a vocabulary-wide pass per round
+        self.wants_entropy = self.policy.reads_entropy  # the entropy signal costs a vocabulary-wide pass per round
         self.split_streams, self._side_stream = self._streams_setup(config.overlap)
 
     def _streams_setup(self, overlap: str):
@@ -97,7 +97,7 @@ class Engine:
         self._allocate(*input_ids.shape)
         if log_rounds:
             self.stats.round_log = []
-        self.wants_entropy = self.policy.auto or log_rounds
+        self.wants_entropy = self.policy.reads_entropy or log_rounds
         self._admit(torch.arange(input_ids.shape[0], device=device), input_ids, pads)
         while self._step():
             pass

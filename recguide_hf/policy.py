@@ -7,9 +7,11 @@ Fixed mode: every request uses the configured B (B = 1: plain decoding steps in 
 have bought at the best fixed block, where
 * the candidates are the block sizes the cost table measured on this hardware (`recguide profile`), by
   default {1, 2, 4, 8, 16, 32, 64}; `recguide_block_sizes` narrows them (the paper's set: [8, 16, 32]);
-* `V_B(s, z)` is the calibrated expected progress (tokens per round) given certainty `s_t` (minus the mean
-  verifier entropy of the last two rounds) and state `z_t = (B_{t-1}, fully accepted?)`, shrunk toward the
-  block's mean as far as it failed to predict out of fold (calibrate.py); without history it is the mean;
+* `V_B(s, z)` is the calibrated expected progress (tokens per round) given the signal `s_t` and state
+  `z_t = (B_{t-1}, fully accepted?)`, shrunk toward the block's mean as far as it failed to predict out of
+  fold (calibrate.py); without history it is the mean. The value table says what `s_t` is: minus the mean
+  verifier entropy of the last two rounds (DESIGN 2.3's certainty), or the mean drafts they accepted, each
+  capped at B_{t-1} - 1 (recent verification outcomes; 0 after a plain step), which needs no entropy pass;
   `V_1 = 1` exactly: a plain step always yields one token;
 * `T_n(B)` is the measured seconds of a LinearSS round of block B for n rows: its draft and verify
   forwards plus the engine's own work around them (profile.py); `T_n(1)` is one plain decoding step (no
@@ -106,6 +108,8 @@ class BlockPolicy:
             self.hits, self.branch_rounds = 3 * values.data["coverage"], 3.0
         self.segments_seen, self.segment_rows = 2.0, 1.0  # prior: two branch segments per row
         self.online = self.auto and config.online_costs and costs is not None and values is not None
+        # the verifier-entropy pass per round is paid only where a value table bins it
+        self.reads_entropy = self.auto and values is not None and values.signal == "entropy"
         self.prices = prices if prices is not None else OnlinePrices()
 
     @classmethod
@@ -160,9 +164,15 @@ class BlockPolicy:
             return torch.full_like(rows, self.max_block)
         c = rows.numel()
         rc = rows.cpu()
-        e1, e2 = stats.entropy[rc].unbind(1)
-        s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
         prev, full = stats.last_block[rc], stats.last_full[rc]
+        if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
+            n1, n2 = stats.last_accepted[rc].unbind(1)  # [R]; NaN: no such round yet, or a plain step
+            cap = (prev - 1).float()  # a round at the last block would have seen at most this many
+            s = (torch.minimum(n1, cap) + torch.minimum(torch.where(n2.isnan(), n1, n2), cap)) / 2
+            s = torch.where(prev == 1, 0.0, s)  # as calibrated after a plain step; no history: NaN, the mean
+        else:  # minus the mean verifier entropy of the last two rounds
+            e1, e2 = stats.entropy[rc].unbind(1)
+            s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
         value = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
         factors = self._factors()  # once per round: the load's prices and every bucket's read them
         rho, seconds = self._load(c, factors)

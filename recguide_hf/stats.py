@@ -29,6 +29,7 @@ class Stats:
         self.total_query_tokens = 0
         # signals for the adaptive policy (DESIGN 2.3): last two entropies, last block, fully accepted?
         self.entropy = torch.full((num_rows, 2), float("nan"))
+        self.last_accepted = torch.full((num_rows, 2), float("nan"))  # drafts accepted, last two rounds
         self.last_block = torch.zeros(num_rows, dtype=torch.long)
         self.last_full = torch.zeros(num_rows, dtype=torch.bool)
         self.round_log: list[tuple] | None = None  # [] to log (row, block, accepted, drafts, entropy, first place's)
@@ -40,6 +41,7 @@ class Stats:
                   self.branch_rounds, self.hits, self.last_block, self.last_full):
             t[rows] = 0
         self.entropy[rows] = float("nan")
+        self.last_accepted[rows] = float("nan")
         for r in rows.tolist():
             self.block_sizes[r] = Counter()
 
@@ -74,6 +76,9 @@ class Stats:
             firsts = first_entropy.tolist() if first_entropy is not None else (ents if block == 1 else nan)
             for r, n, k, e, f in zip(rows.tolist(), num_accepted.tolist(), draft_len.tolist(), ents, firsts):
                 self.round_log.append((r, block, n, k, e, f))
+        self.last_accepted[rows, 1] = self.last_accepted[rows, 0]
+        # a plain step drafted nothing: it tells nothing about acceptance (NaN), rather than "none accepted"
+        self.last_accepted[rows, 0] = float("nan") if block == 1 else num_accepted.float().cpu()
         if entropy is not None:  # None: nobody reads the certainty signal in this run
             self.entropy[rows, 1] = self.entropy[rows, 0]
             self.entropy[rows, 0] = entropy.float().cpu()

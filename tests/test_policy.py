@@ -464,3 +464,55 @@ def test_generate_keeps_measured_prices_across_calls(model, tmp_path):
     recguide_hf.generate(model, ids, attention_mask=mask, **{**kw, "recguide_block_size": 4})
     assert prices.rounds == second
     model.__dict__.pop("_recguide_prices")
+
+
+def test_accepted_signal_fit_known_answer():
+    """s_t from recent verification outcomes: requests that keep accepting 20 drafts and requests that accept
+    2 have the SAME entropy here, so only the accepted signal tells them apart. A round's previous outcomes
+    are read as a round at the state's block would have seen them (censored at B' - 1); 0 after a plain step."""
+    from recguide_hf.calibrate import accepted_signal
+
+    assert accepted_signal(20, 2, 8) == (7 + 2) / 2 and accepted_signal(20, 20, 32) == 20
+    assert accepted_signal(5, 5, 1) == 0.0
+    rounds = [Round("a", req, t, 1.0, 20 if req % 2 == 0 else 2) for req in range(40) for t in range(6)]
+    table = fit(rounds, block_sizes=(1, 8, 32), num_bins=4, signal="accepted")
+    vt = ValueTable(table)
+    assert vt.signal == "accepted" and table["signal"] == "accepted"
+    assert vt.value(32, 20.0, 32, False) == pytest.approx(21) and vt.value(32, 2.0, 32, False) == pytest.approx(3)
+    # out of fold it predicts (perfectly in the states after a block; a plain step's state carries no signal)
+    assert table["report"]["rmse"]["32"] < 0.8 * table["report"]["rmse_constant"]["32"]
+    entropy = ValueTable(fit(rounds, block_sizes=(1, 8, 32), num_bins=2))
+    assert entropy.signal == "entropy" and entropy.value(32, -1.0, 32, False) == pytest.approx(entropy.mean[32])
+    with pytest.raises(ValueError, match="signal"):
+        fit(rounds, signal="margin")
+
+
+def test_policy_reads_recent_acceptance_and_skips_the_entropy_pass(model):
+    """With a table fitted on the accepted signal, the plan follows each request's recent acceptance (no
+    history: the block's mean) and the engine computes no verifier entropy."""
+    rounds = [Round("a", req, t, 1.0, 20 if req % 2 == 0 else 2) for req in range(40) for t in range(6)]
+    values = ValueTable(fit(rounds, block_sizes=(1, 8, 32), num_bins=4, signal="accepted"))
+    costs, _ = _tables(flat_cost=True, blocks=(1, 8, 32), step=0.006)
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    assert not policy.reads_entropy
+    stats = Stats(3)
+    stats.last_block[:] = 32
+    stats.last_accepted[0] = torch.tensor([20.0, 20.0])  # keeps accepting: long blocks
+    stats.last_accepted[1] = torch.tensor([2.0, 2.0])  # 3 tokens a round: a plain step is cheaper here
+    stats.last_accepted[2] = float("nan")  # no history
+    stats.last_block[2] = 0
+    stats.entropy[:] = 5.0  # would read as unsure for everyone if the entropy were the signal
+    planned = [int(policy.plan(torch.tensor([r]), stats, torch.zeros(3, dtype=torch.bool))[0]) for r in range(3)]
+    assert planned[:2] == [32, 1]
+    assert planned[2] == max(policy.candidates, key=lambda b: values.mean[b] / costs.round_cost(1, b))
+    stats.record_round(torch.tensor([0]), 8, torch.tensor([4]), torch.tensor([3]), torch.tensor([7]),
+                       torch.tensor([-1]), False, None)
+    assert stats.last_accepted[0].tolist() == [3.0, 20.0]
+    stats.record_round(torch.tensor([0]), 1, torch.tensor([1]), torch.tensor([0]), torch.tensor([0]),
+                       torch.tensor([-1]), False, None)
+    assert math.isnan(stats.last_accepted[0, 0]) and stats.last_accepted[0, 1] == 3.0  # a plain step drafted nothing
+    stats.last_block[0] = 1
+    assert int(policy.plan(torch.tensor([0]), stats, torch.zeros(3, dtype=torch.bool))[0]) == 32  # s = 0 after it
+    engine = Engine(as_backbone(model), DecodingConfig(block_size="auto"), SamplingSettings(max_new_tokens=8),
+                    policy=policy)
+    assert not engine.wants_entropy
