@@ -28,7 +28,7 @@ from prompts import load_mixed  # noqa: E402
 
 from recguide_hf import branches  # noqa: E402
 from recguide_hf.backbone import as_backbone  # noqa: E402
-from recguide_hf.bench import environment  # noqa: E402
+from recguide_hf.bench import save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
@@ -146,12 +146,7 @@ def main(argv=None):
             }
         print(json.dumps(row), flush=True)
         results.append(row)
-    command = "python " + " ".join(sys.argv)
-    out = {"results": results, "tokens": args.tokens, "repeats": args.repeats, "command": command,
-           "environment": environment(command)}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    save_run(args.out, {"results": results, "tokens": args.tokens, "repeats": args.repeats})
 
 
 if __name__ == "__main__":

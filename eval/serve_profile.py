@@ -29,7 +29,7 @@ from prompts import load_mixed  # noqa: E402
 
 from recguide_hf import engine as engine_module  # noqa: E402
 from recguide_hf.backbone import as_backbone  # noqa: E402
-from recguide_hf.bench import environment, run_engine, run_hf  # noqa: E402
+from recguide_hf.bench import run_engine, run_hf, save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.policy import BlockPolicy  # noqa: E402
 
@@ -114,12 +114,7 @@ def main(argv=None):
     finally:
         for owner, name, fn in originals:
             setattr(owner, name, fn)
-    command = "python " + " ".join(sys.argv)
-    out = {"results": results, "tokens": args.tokens, "repeats": args.repeats, "command": command,
-           "environment": environment(command)}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    save_run(args.out, {"results": results, "tokens": args.tokens, "repeats": args.repeats})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ below is fitted to it by least squares on 4 of 5 folds of requests and scored on
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_prompts  # noqa: E402
 
 from recguide_hf.backbone import as_backbone  # noqa: E402
-from recguide_hf.bench import environment  # noqa: E402
+from recguide_hf.bench import save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
@@ -88,12 +87,8 @@ def main(argv=None):
     print(f"{len(target)} rounds of {len(logs)} requests; mean progress at B = {b}: {target.mean():.2f}")
     for name, value in r2.items():
         print(f"  out-of-fold R^2 {name}: {value}")
-    command = "python " + " ".join(sys.argv)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"block": b, "rounds": len(target), "requests": len(logs),
-                                        "mean_progress": round(float(target.mean()), 3), "r2": r2,
-                                        "command": command, "environment": environment(command)}, indent=1) + "\n")
+    save_run(args.out, {"block": b, "rounds": len(target), "requests": len(logs),
+                        "mean_progress": round(float(target.mean()), 3), "r2": r2})
 
 
 if __name__ == "__main__":

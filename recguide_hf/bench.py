@@ -236,6 +236,17 @@ def environment(command: str) -> dict:
             "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
+def save_run(path: Path | None, payload: dict) -> dict:
+    """An eval script's JSON record: `payload` plus the command line that ran and `environment`, written to
+    `path` (None: not written). Returns the record."""
+    command = "python " + " ".join(sys.argv)
+    record = payload | {"command": command, "environment": environment(command)}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(1, 2, 4, 8, 16, 32, 64),
           max_new_tokens: int = 64, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 32,
           progress=None, plain_model=None, assistant=None) -> dict:
