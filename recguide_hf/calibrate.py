@@ -49,10 +49,14 @@ class Round:
 SIGNALS = ("entropy", "accepted")  # what the per-request signal s_t is made of (module docstring)
 
 
-def accepted_signal(n1: float, n2: float, b_prev: int) -> float:
-    """s_t from recent verification outcomes: the mean drafts accepted in the last two rounds, each as a round
-    at block `b_prev` would have seen it (censored at b_prev - 1); 0 after a plain step, which drafts nothing."""
-    return 0.0 if b_prev == 1 else (min(n1, b_prev - 1) + min(n2, b_prev - 1)) / 2
+def accepted_signal(n1: torch.Tensor, n2: torch.Tensor, b_prev: torch.Tensor) -> torch.Tensor:
+    """s_t from recent verification outcomes [R]: the mean drafts accepted in the last two rounds (n1 the last,
+    n2 the one before; float [R], NaN for no reading: n2 NaN reads n1 alone, n1 NaN gives NaN), each as a round
+    at block `b_prev` [R] would have seen it (censored at b_prev - 1); 0 after a plain step (b_prev = 1), which
+    drafts nothing. The calibration and the policy both read it here."""
+    cap = (b_prev - 1).float()
+    s = (torch.minimum(n1, cap) + torch.minimum(torch.where(n2.isnan(), n1, n2), cap)) / 2
+    return torch.where(b_prev == 1, 0.0, s)
 
 
 def _samples(rounds: list[Round], block_sizes, weights_by_dataset, signal: str = "entropy"):
@@ -71,7 +75,8 @@ def _samples(rounds: list[Round], block_sizes, weights_by_dataset, signal: str =
             for b_prev in block_sizes:
                 full = rs[i - 1].accepted >= b_prev - 1
                 if signal == "accepted":
-                    s = accepted_signal(rs[i - 1].accepted, rs[i - 2].accepted, b_prev)
+                    s = float(accepted_signal(torch.tensor([float(rs[i - 1].accepted)]),
+                                              torch.tensor([float(rs[i - 2].accepted)]), torch.tensor([b_prev])))
                 else:
                     s = s_plain if b_prev == 1 else s_block
                 out.append((key, s, b_prev, full, progress, weights_by_dataset[key[0]]))

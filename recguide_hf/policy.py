@@ -51,7 +51,7 @@ import warnings
 
 import torch
 
-from .calibrate import ValueTable
+from .calibrate import ValueTable, accepted_signal
 from .config import PAPER_BLOCK_SIZES, DecodingConfig
 from .profile import CostTable
 
@@ -167,9 +167,7 @@ class BlockPolicy:
         prev, full = stats.last_block[rc], stats.last_full[rc]
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
             n1, n2 = stats.last_accepted[rc].unbind(1)  # [R]; NaN: no such round yet, or a plain step
-            cap = (prev - 1).float()  # a round at the last block would have seen at most this many
-            s = (torch.minimum(n1, cap) + torch.minimum(torch.where(n2.isnan(), n1, n2), cap)) / 2
-            s = torch.where(prev == 1, 0.0, s)  # as calibrated after a plain step; no history: NaN, the mean
+            s = accepted_signal(n1, n2, prev)  # as calibrated; no history: NaN, each block's mean
         else:  # minus the mean verifier entropy of the last two rounds
             e1, e2 = stats.entropy[rc].unbind(1)
             s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean

@@ -472,8 +472,9 @@ def test_accepted_signal_fit_known_answer():
     are read as a round at the state's block would have seen them (censored at B' - 1); 0 after a plain step."""
     from recguide_hf.calibrate import accepted_signal
 
-    assert accepted_signal(20, 2, 8) == (7 + 2) / 2 and accepted_signal(20, 20, 32) == 20
-    assert accepted_signal(5, 5, 1) == 0.0
+    n1, n2 = torch.tensor([20.0, 20.0, 5.0, 3.0, float("nan")]), torch.tensor([2.0, 20.0, 5.0, float("nan"), 1.0])
+    s = accepted_signal(n1, n2, torch.tensor([8, 32, 1, 8, 8]))
+    assert s[:4].tolist() == [(7 + 2) / 2, 20.0, 0.0, 3.0] and math.isnan(s[4])  # n2 NaN reads n1; n1 NaN: NaN
     rounds = [Round("a", req, t, 1.0, 20 if req % 2 == 0 else 2) for req in range(40) for t in range(6)]
     table = fit(rounds, block_sizes=(1, 8, 32), num_bins=4, signal="accepted")
     vt = ValueTable(table)
