@@ -153,7 +153,8 @@ def cmd_calibrate(args) -> int:
     print("held-out (out-of-fold) prediction of progress per round:")
     for b in args.block_sizes:
         print(f"  B={b}: RMSE {rep['rmse'][str(b)]:.2f} vs {rep['rmse_constant'][str(b)]:.2f} for a constant "
-              f"(R^2 {rep['r2_vs_constant'][str(b)]:.2f}, trusted x{table['shrink'][str(b)]:.2f}); mean progress "
+              f"(R^2 {rep['r2_vs_constant'][str(b)]:.2f}; trusted: state x{table['shrink_state'][str(b)]:.2f}, "
+              f"signal x{table['shrink_signal'][str(b)]:.2f}); mean progress "
               f"{table['mean'][str(b)]:.2f}")
     print(f"wrote {out}")
     return 0
@@ -262,9 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per request (64 keeps the default run within 45 minutes on 2 CPU cores)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--prompts-per-slot", type=int, default=2, help="closed loop over C x this many prompts")
-    b.add_argument("--min-prompts", type=int, default=32,
+    b.add_argument("--min-prompts", type=int, default=48,
                    help="at least this many requests at every C: with 16, a run at C = 8 lasted about 3 seconds "
-                        "and the ratio between two methods moved by 10-20%% from one repeat to the next")
+                        "and the ratio between two methods moved by 10-20%% from one repeat to the next; with 32, "
+                        "by 5-10%% at C = 1 to 16")
     b.add_argument("--quick", action="store_true", help="C in {1, 4}, 32 new tokens, 1 repeat (a few minutes)")
     b.add_argument("--out", default="eval/results")
     b.add_argument("--device", default="cpu")

@@ -108,8 +108,8 @@ class BlockPolicy:
             self.hits, self.branch_rounds = 3 * values.data["coverage"], 3.0
         self.segments_seen, self.segment_rows = 2.0, 1.0  # prior: two branch segments per row
         self.online = self.auto and config.online_costs and costs is not None and values is not None
-        # the verifier-entropy pass per round is paid only where a value table bins it
-        self.reads_entropy = self.auto and values is not None and values.signal == "entropy"
+        # the verifier-entropy pass per round is paid only where a value table bins it and trusts the bins
+        self.reads_entropy = self.auto and values is not None and values.signal == "entropy" and values.reads_signal
         self.prices = prices if prices is not None else OnlinePrices()
 
     @classmethod

@@ -50,7 +50,7 @@ def test_value_fit_known_answer():
     assert vt.value(8, s_unsure, 8, False) == pytest.approx(3)
     # the signal separates the two kinds perfectly: out-of-fold error is ~0, far below a constant's
     assert table["report"]["rmse"]["32"] < 1e-6 < table["report"]["rmse_constant"]["32"]
-    assert table["shrink"]["32"] == pytest.approx(1.0)  # so the policy trusts it fully
+    assert table["shrink_signal"]["32"] == pytest.approx(1.0)  # so the policy trusts it fully
 
 
 
@@ -229,12 +229,65 @@ def test_a_signal_that_does_not_predict_is_not_trusted():
     rounds = [Round("a", req, t, float(torch.rand(1, generator=g)) * 4, int(torch.randint(0, 30, (1,), generator=g)))
               for req in range(60) for t in range(8)]
     table = fit(rounds, block_sizes=(8, 16, 32), num_bins=4)
-    assert table["shrink"]["32"] < 0.3
+    assert table["shrink_signal"]["32"] < 0.3
     vt = ValueTable(table)
     spread = [vt.value(32, s, 32, False) for s in (-3.9, -2.5, -1.5, -0.1)]
-    raw = ValueTable({k: v for k, v in table.items() if k != "shrink"})
+    raw = ValueTable({k: v for k, v in table.items() if not k.startswith("shrink")})
     raw_spread = [raw.value(32, s, 32, False) for s in (-3.9, -2.5, -1.5, -0.1)]
     assert max(spread) - min(spread) <= 0.3 * (max(raw_spread) - min(raw_spread))
+
+
+def _state_rounds(num_requests: int = 80):
+    """Acceptance set by the request's kind (20 drafts or 2) and entropy drawn at random: after a block of 8 the
+    state (was it fully accepted?) tells the kinds apart, the entropy signal never does."""
+    g = torch.Generator().manual_seed(1)
+    return [Round("a", req, t, float(torch.rand(1, generator=g)) * 4, 20 if req % 2 == 0 else 2)
+            for req in range(num_requests) for t in range(8)]
+
+
+def test_an_informative_state_does_not_carry_the_signals_noise():
+    """The state and the signal are trusted apart: here the state predicts progress perfectly and the entropy
+    not at all, so the table keeps the state's separation in full and reads (almost) no spread across the
+    entropy bins; one lambda for both parts kept most of the bins' noise along with the state."""
+    table = fit(_state_rounds(), block_sizes=(8, 16, 32), num_bins=4)
+    assert table["shrink_state"]["16"] == pytest.approx(1.0)
+    vt = ValueTable(table)
+    after_full = [vt.value(16, s, 8, True) for s in (-3.9, -2.5, -1.5, -0.1)]
+    after_miss = [vt.value(16, s, 8, False) for s in (-3.9, -2.5, -1.5, -0.1)]
+    assert after_full == pytest.approx([16.0] * 4) and after_miss == pytest.approx([3.0] * 4)  # min(20, 15) + 1
+    # after a block of 32 neither kind filled it: only the (uninformative) signal could separate them
+    raw = ValueTable({k: v for k, v in table.items() if not k.startswith("shrink") and k != "state_mean"})
+    spread = [vt.value(32, s, 32, False) for s in (-3.9, -2.5, -1.5, -0.1)]
+    raw_spread = [raw.value(32, s, 32, False) for s in (-3.9, -2.5, -1.5, -0.1)]
+    assert max(spread) - min(spread) <= 0.3 * (max(raw_spread) - min(raw_spread))
+    # a table from before the two-part shrink (one `shrink`, no state means) reads as it did: mean + lambda (V - mean)
+    legacy = {k: v for k, v in table.items() if not k.startswith("shrink") and k != "state_mean"}
+    legacy["shrink"] = {b: 0.5 for b in table["mean"]}
+    old = ValueTable(legacy)
+    v_raw = raw.value(16, -2.5, 8, True)
+    assert old.value(16, -2.5, 8, True) == pytest.approx(table["mean"]["16"] + 0.5 * (v_raw - table["mean"]["16"]))
+
+
+def test_a_table_that_trusts_no_signal_bins_skips_the_entropy_pass(model):
+    """With lambda_s = 0 every entropy bin of a state reads alike, so the policy plans from the state alone
+    (also with no entropy recorded: NaN) and the engine computes no verifier entropy; with lambda_s > 0 it does."""
+    table = fit(_state_rounds(), block_sizes=(1, 8, 16, 32), num_bins=4)
+    trusted = ValueTable(table)
+    table_off = dict(table, shrink_signal={b: 0.0 for b in table["mean"]})
+    values = ValueTable(table_off)
+    assert not values.reads_signal and (trusted.reads_signal == any(v > 0 for v in table["shrink_signal"].values()))
+    nan = torch.tensor([float("nan")] * 2)
+    read = values.values_matrix([8, 16], nan, torch.tensor([8, 8]), torch.tensor([True, False]))
+    assert read.flatten().tolist() == pytest.approx([8.0, 16.0, 3.0, 3.0])  # the states, not the blocks' means
+    assert values.value(16, None, 8, True) == pytest.approx(16.0)
+    costs, _ = _tables(flat_cost=True, blocks=(1, 8, 16, 32), step=0.006)
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    assert not policy.reads_entropy
+    engine = Engine(as_backbone(model), DecodingConfig(block_size="auto"), SamplingSettings(max_new_tokens=8),
+                    policy=policy)
+    assert not engine.wants_entropy
+    table_on = dict(table, shrink_signal={b: 0.5 for b in table["mean"]})
+    assert BlockPolicy(DecodingConfig(block_size="auto"), costs, ValueTable(table_on)).reads_entropy
 
 
 def test_block_sizes_outside_the_tables_are_refused():
