@@ -247,8 +247,8 @@ def limitations(card: Path) -> list[str]:
                      + (f"plain AR decoding was the fastest method at C = {', '.join(map(str, ar_wins))}"
                         if ar_wins else "a speculative method was the fastest at every concurrency")
                      + " (README, Results).")
-    lines += ["* The cost and value tables were measured on that CPU; run `recguide profile` and `recguide calibrate` "
-              "on yours before trusting `recguide_block_size=\"auto\"` there.", ""]
+    lines += ["* The cost and value tables were measured on that CPU; run `recguide profile` and `recguide calibrate "
+              "--signal accepted` on yours before trusting `recguide_block_size=\"auto\"` there.", ""]
     return lines
 
 
@@ -284,7 +284,8 @@ def write_main_card(card: Path, runs: list[Path] | None):
               "* `configuration_recguide.py`, `modeling_recguide.py` - shims over `recguide_hf.modeling`",
               "* `draft_lora/` - the drafting adapter (a PEFT LoRA folder) and its training log and curve",
               "* `generation_config.json` - `recguide_*` decoding defaults",
-              "* `cost_table.json` (`recguide profile`) and `value_table.json` (`recguide calibrate`) drive "
+              "* `cost_table.json` (`recguide profile`) and `value_table.json` (`recguide calibrate --signal "
+              "accepted`) drive "
               "`recguide_block_size=\"auto\"`; regenerate them on your hardware",
               "* `eval_results.json`, `eval_results_no_adapter.json`, `training_log.json` - the measurements above", ""]
     (card / "README.md").write_text("\n".join(lines))
