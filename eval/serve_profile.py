@@ -68,7 +68,7 @@ def main(argv=None):
     p.add_argument("--methods", nargs="+", default=["linear-1", "linear-8", "recguide"])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--min-prompts", type=int, default=32, help="as `recguide bench`: at least this many requests")
+    p.add_argument("--min-prompts", type=int, default=48, help="as `recguide bench`: at least this many requests")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)

@@ -248,7 +248,7 @@ def save_run(path: Path | None, payload: dict) -> dict:
 
 
 def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(1, 2, 4, 8, 16, 32, 64),
-          max_new_tokens: int = 64, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 32,
+          max_new_tokens: int = 64, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 48,
           progress=None, plain_model=None, assistant=None) -> dict:
     """Run every (repeat, C, method), interleaved; return per (method, C) medians and the raw runs.
 
