@@ -150,6 +150,8 @@ class Engine:
             return False
         timed = self.policy.online
         for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
+            if self.stopper.ended:  # the user's criteria ended the whole batch in an earlier bucket
+                break
             start = time.perf_counter() if timed else 0.0
             if block == 1:
                 self._plain_round(rows)

@@ -8,8 +8,15 @@ of rows with the SAME number of new tokens s exactly as HF would (`[prompt | s t
 other row is shown `[prompt | the first min(m, s) of the m tokens it was already judged on | pad]`: a view it
 was judged on before, or one ending in padding, so a stateful criterion learns nothing new about it, and no
 prompt text slides into the window after W. Only the group's results are used. A criterion that returns one
-bool for the batch (lm-eval's "all rows done") stops the group's rows at that token. EOS and max_new_tokens
-are handled by the engine itself; HF's MaxLength/EOS criteria are dropped here.
+bool for the batch ends the whole batch, as it ends HF's loop, each row after the last token the criteria
+were shown of it. lm-eval's criterion returns such a bool (True once its per-row tracker has seen every row's
+stop sequence) and keeps the tracker as `done_tracker`: a row it counts as done stops at that token. In HF's
+lockstep loop a done row waits, generating, for the slowest; here rows advance at their own pace, and a done
+row that generated on would burn forwards until the slowest row got done (it once ran every fast row to
+max_new_tokens: speculation slower than `generate` on lm-eval's next-line tasks). A row then ends shortly after
+its stop sequence while HF's row runs on to the batch's common length; the tokens before the stop, all that
+lm-eval keeps, are the same. EOS and max_new_tokens are handled by the engine itself; HF's MaxLength/EOS
+criteria are dropped here.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ class StopChecker:
 
     def start(self, seq: torch.Tensor, prompt_width: int):
         self.prompt_width = prompt_width
+        self.ended = False  # a whole-batch criterion ended every row (the engine runs no further bucket)
 
     def check(self, seq: torch.Tensor, count: torch.Tensor, finished: torch.Tensor, old_counts):
         """Mark rows done (`finished`, in place) and truncate `count` at the token that stopped them."""
@@ -46,12 +54,35 @@ class StopChecker:
                 keep = cols[None, :s] < shown[:, None]
                 ids[:, w:] = torch.where(keep, seq[:, w:w + s], ids[:, w:])
                 done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
+                whole_batch = False
                 for crit in self.criteria:
                     res = crit(ids, None)
-                    done |= res.to(seq.device).bool() if torch.is_tensor(res) else torch.full_like(done, bool(res))
+                    if torch.is_tensor(res) and res.numel() == seq.shape[0]:
+                        done |= res.to(seq.device).bool()
+                    else:
+                        whole_batch |= bool(res)
+                        rows_done = _row_tracker(crit, seq.shape[0])
+                        if rows_done is not None:
+                            done |= rows_done.to(seq.device)
                 seen[group] = s
+                if whole_batch:  # one bool for the batch ends HF's whole loop: every row ends where it is
+                    for r in ((count > seen) & ~finished).nonzero().squeeze(1).tolist():  # not judged past here
+                        seq[r, w + int(seen[r]):w + int(count[r])] = self.pad_token_id
+                    count.copy_(torch.minimum(count, seen))
+                    finished[:] = True
+                    self.ended = True
+                    return
                 stop = done & group
                 for r in stop.nonzero().squeeze(1).tolist():
                     seq[r, w + s:w + int(count[r])] = self.pad_token_id
                 count[stop] = s
                 finished |= stop
+
+
+def _row_tracker(criterion, num_rows: int) -> torch.Tensor | None:
+    """[N] bool: the rows a batch-level criterion already counts as done, where it keeps that per row
+    (lm-eval's MultiTokenEOSCriteria: `done_tracker`, True once a row's window held the stop sequence); else None."""
+    tracker = getattr(criterion, "done_tracker", None)
+    if isinstance(tracker, list) and len(tracker) == num_rows and all(isinstance(t, bool) for t in tracker):
+        return torch.tensor(tracker)
+    return None

@@ -165,12 +165,19 @@ def test_lm_eval_stateful_stop_criteria_match_hf():
         crit = lm_utils.stop_sequences_criteria(tok, ["\n"], width, len(batch_prompts))
         out = model.generate(**batch, max_new_tokens=32, do_sample=False, stopping_criteria=crit,
                              recguide_mode=mode, recguide_block_size=8)
+        new = [[t for t in row if t != tok.pad_token_id] for row in out[:, width:].tolist()]
         texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
-        return [t.split("\n")[0] for t in texts]  # lm-eval cuts every response at the stop sequence
+        return [t.split("\n")[0] for t in texts], new  # lm-eval cuts every response at the stop sequence
 
     ref, ours = [], []
     for i in range(0, len(docs), 4):
-        ref += responses(docs[i:i + 4], "ar")
-        ours += responses(docs[i:i + 4], "recguide")
+        (ref_text, ref_ids), (our_text, our_ids) = responses(docs[i:i + 4], "ar"), responses(docs[i:i + 4], "recguide")
+        ref += ref_text
+        ours += our_text
+        # the criterion's "all rows done" ends the whole batch, as it ends HF's loop: no row runs on to
+        # max_new_tokens (it once stopped only the row it was judging, and every other row ran to 32 tokens);
+        # a row ends within one block of HF's common length, and agrees with HF token for token up to there
+        assert all(o[:len(r)] == r[:len(o)] for o, r in zip(our_ids, ref_ids))
+        assert max(len(o) for o in our_ids) <= max(len(r) for r in ref_ids) + 7 < 32
     assert ref == ours
     assert sum(len(r) > 0 for r in ref) >= 6  # enough rows say something before their line break
