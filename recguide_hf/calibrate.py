@@ -197,6 +197,8 @@ class ValueTable:
             self.shrink_signal = {int(b): float(v) for b, v in data["shrink_signal"].items()}
         else:  # one lambda for both parts (state means absent: the state part is then 0)
             self.shrink_state = self.shrink_signal = {int(b): float(v) for b, v in data.get("shrink", {}).items()}
+        # whether any block's values move with s_t at all (lambda_s > 0): if not, the signal need not be read
+        self.reads_signal = any(self.shrink_signal.get(b, 1.0) > 0 for b in self.block_sizes if b > 1)
         # per block: [previous blocks, fully accepted?, s bins] for the vectorised lookup; a previous block the
         # table does not know reads index -1 (`_prev_lut` maps block sizes 0..64 to table indices)
         self._prev_lut = torch.full((65,), -1, dtype=torch.long)
@@ -209,11 +211,6 @@ class ValueTable:
                       for b in self.block_sizes}
         self._edges = torch.tensor(self.edges, dtype=torch.float32)
         self._stacked: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @property
-    def reads_signal(self) -> bool:
-        """Whether any block's values move with s_t at all (lambda_s > 0): if not, the signal need not be read."""
-        return any(self.shrink_signal.get(b, 1.0) > 0 for b in self.block_sizes if b > 1)
 
     @classmethod
     def load(cls, path: str | Path) -> ValueTable:

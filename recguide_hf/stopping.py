@@ -66,17 +66,20 @@ class StopChecker:
                             done |= rows_done.to(seq.device)
                 seen[group] = s
                 if whole_batch:  # one bool for the batch ends HF's whole loop: every row ends where it is
-                    for r in ((count > seen) & ~finished).nonzero().squeeze(1).tolist():  # not judged past here
-                        seq[r, w + int(seen[r]):w + int(count[r])] = self.pad_token_id
-                    count.copy_(torch.minimum(count, seen))
+                    self._cut(seq, count, count > seen, seen)  # after the last token it was judged on
                     finished[:] = True
                     self.ended = True
                     return
                 stop = done & group
-                for r in stop.nonzero().squeeze(1).tolist():
-                    seq[r, w + s:w + int(count[r])] = self.pad_token_id
-                count[stop] = s
+                self._cut(seq, count, stop, torch.full_like(count, s))
                 finished |= stop
+
+    def _cut(self, seq: torch.Tensor, count: torch.Tensor, rows: torch.Tensor, new_count: torch.Tensor):
+        """Rows `rows` [N] bool end after `new_count` [N] new tokens: the tokens past it become padding."""
+        w = self.prompt_width
+        for r in rows.nonzero().squeeze(1).tolist():
+            seq[r, w + int(new_count[r]):w + int(count[r])] = self.pad_token_id
+        count[rows] = new_count[rows]
 
 
 def _row_tracker(criterion, num_rows: int) -> torch.Tensor | None:
