@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .attention import ROW_RUNS
 from .cache import RowCache
 from .draft_adapter import find_adapter, route
 
@@ -23,6 +24,7 @@ class Backbone:
     sees its whole prefix (HF builds the causal mask from the cache, which for one query is no mask)."""
 
     unmasked_steps = True
+    row_runs = True  # the model's attention goes through transformers' attention interface (attention.py)
 
     def __init__(self, model, mask_token_id: int | None = None):
         if hasattr(model, "get_base_model"):  # peft.PeftModel: its LoRA layers live in the wrapped model
@@ -52,7 +54,18 @@ class Backbone:
 
     def new_cache(self, num_rows: int, capacity: int) -> RowCache:
         """A per-row-length KV cache shaped for this model's attention layers."""
-        return RowCache.for_model(self.model, num_rows, capacity)
+        cache = RowCache.for_model(self.model, num_rows, capacity)
+        cache.row_runs = self.row_runs and self._sdpa_everywhere()
+        return cache
+
+    def _sdpa_everywhere(self) -> bool:
+        """Whether every attention layer reads the model's own config and it says SDPA: then switching that one
+        config to `attention.ROW_RUNS` for a forward switches every layer (a layer on a sub-config would not be)."""
+        config = self.model.config
+        if getattr(config, "_attn_implementation", None) != "sdpa":
+            return False
+        layers = [m for m in self.model.modules() if hasattr(m, "layer_idx") and hasattr(m, "config")]
+        return bool(layers) and all(m.config is config for m in layers)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache, draft_mask: torch.Tensor | bool | int | None = None, logits_to_keep: int = 0) -> torch.Tensor:
@@ -65,8 +78,16 @@ class Backbone:
                 applies exactly there (`True`: every token; an int k: columns k.. of every row; None: none);
                 the attention mode itself comes from the mask.
         """
-        with route(self.adapter, draft_mask, self.lora_layers):
-            return self._forward(input_ids, position_ids, attention_mask, cache, logits_to_keep)
+        config = self.model.config
+        runs = getattr(cache, "row_runs", False)
+        if runs:  # a forward over some rows reads their keys/values in place (attention.py); the internal
+            config._attn_implementation_internal = ROW_RUNS  # field: no propagation to sub-configs, no checks
+        try:
+            with route(self.adapter, draft_mask, self.lora_layers):
+                return self._forward(input_ids, position_ids, attention_mask, cache, logits_to_keep)
+        finally:
+            if runs:
+                config._attn_implementation_internal = "sdpa"
 
     def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,

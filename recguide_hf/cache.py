@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache
 
+from .attention import row_runs, set_runs
+
 
 @dataclass
 class Binding:
@@ -27,6 +29,7 @@ class Binding:
     all_rows: bool
     start: int | None = None  # the one first write slot when every row of an all-rows forward shares it
     fresh: bool = False  # every row starts empty (a prefill): it sees exactly the keys/values it writes
+    runs: list[tuple[int, int, int]] | None = None  # a subset's runs of slots, read in place (attention.py)
 
 
 def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
@@ -55,7 +58,9 @@ class RowCache(Cache):
 
     Before each forward the engine calls `bind(rows, query_len)` (or `prepare` then `use`, to set up two
     concurrent forwards without waiting for the device): the forward covers `rows` (an index into the
-    buffers, in the order of the forward's batch) with `query_len` tokens each.
+    buffers, in the order of the forward's batch) with `query_len` tokens each. A forward over some rows only
+    reads them in place when the model attends with `attention.ROW_RUNS` (`row_runs`, set by the backbone);
+    otherwise `update` returns a gathered copy of those rows.
     """
 
     def __init__(self, num_layers: int, num_rows: int, num_kv_heads: int, head_dim: int, capacity: int,
@@ -69,6 +74,9 @@ class RowCache(Cache):
         self.lengths = torch.zeros(num_rows, dtype=torch.long)
         self.device = torch.device(device)
         self._binding: Binding | None = None
+        # the model attends with `attention.ROW_RUNS` (set by the backbone): a forward over some rows then
+        # reads their keys/values in place instead of gathering a copy per layer
+        self.row_runs = False
 
     @classmethod
     def for_model(cls, model, num_rows: int, capacity: int) -> RowCache:
@@ -94,10 +102,12 @@ class RowCache(Cache):
         all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
         start = int(base[0]) if all_rows and bool((base == base[0]).all()) else None
         fresh = not bool(base.any())
-        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh)
+        runs = row_runs(rows_cpu.tolist()) if self.row_runs and not all_rows and not fresh else None
+        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs)
 
     def use(self, binding: Binding) -> None:
         self._binding = binding
+        set_runs(binding.runs)
 
     def bind(self, rows: torch.Tensor, query_len: int, write_offset: int = 0) -> int:
         """`prepare` + `use`; returns the KV width the forward sees."""
@@ -130,7 +140,7 @@ class RowCache(Cache):
             self.keys[layer_idx][row_idx, :, b.write_pos] = key_states.transpose(1, 2).to(self.keys[layer_idx].dtype)
             self.values[layer_idx][row_idx, :, b.write_pos] = value_states.transpose(1, 2).to(
                 self.values[layer_idx].dtype)
-        if b.all_rows:
+        if b.all_rows or b.runs is not None:  # views; a subset's attention reads its runs of them in place
             return self.keys[layer_idx][:, :, :b.kv_len], self.values[layer_idx][:, :, :b.kv_len]
         return self.keys[layer_idx][b.rows, :, :b.kv_len], self.values[layer_idx][b.rows, :, :b.kv_len]
 

@@ -33,6 +33,7 @@ class NLDBackbone(Backbone):
     """
 
     unmasked_steps = False  # NLD's remote attention code is only known to run with an explicit mask
+    row_runs = False  # nor known to call transformers' attention interface: subsets gather their rows
 
     def __init__(self, model, mask_token_id: int | None = None):
         if hasattr(model, "get_base_model"):  # peft.PeftModel

@@ -86,3 +86,44 @@ def test_fresh_rows_attend_over_what_they_write():
     assert torch.equal(cache.keys[0][rows, :, :4], k) and torch.equal(cache.values[0][rows, :, :4], v)
     cache.bind(torch.tensor([1, 2]), 4)  # row 2 has a prefix: the general path
     assert not cache._binding.fresh
+
+
+def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
+    """A forward over some of the cache's rows (one bucket, or the rows still running) attends over the
+    buffers in place, one SDPA call per run of consecutive slots: the same logits as attending over a gathered
+    copy of those rows, with no copy (it once cost a copy of their context per layer and forward)."""
+    from conftest import left_pad, random_prompts, tiny_model
+
+    from recguide_hf import attention
+    from recguide_hf.backbone import as_backbone
+    from recguide_hf.config import DecodingConfig
+    from recguide_hf.engine import Engine, SamplingSettings
+
+    model = tiny_model(seed=3)
+    ids, mask = left_pad(random_prompts(6, 96, min_len=2, max_len=12, seed=4))
+    pads = (mask == 0).sum(1)
+    subset = torch.tensor([0, 1, 3, 4, 5])
+    query = torch.randint(4, 96, (5, 3), generator=torch.Generator().manual_seed(1))
+    calls = []
+    sdpa = attention.sdpa_attention_forward
+    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda m, q, *a, **k: calls.append(q.shape[0])
+                        or sdpa(m, q, *a, **k))
+    logits = {}
+    for in_place in (True, False):
+        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4),
+                        SamplingSettings(max_new_tokens=8))
+        engine._allocate(*ids.shape)
+        engine._admit(torch.arange(6), ids, pads)
+        assert engine.cache.row_runs  # an SDPA model: on by default
+        engine.cache.row_runs = in_place
+        binding = engine.cache.prepare(subset, 3)
+        assert binding.runs == ([(0, 0, 2), (2, 3, 3)] if in_place else None)
+        calls.clear()
+        logits[in_place] = engine._forward(subset, query, torch.arange(3).expand(5, -1), causal_intra(5, 3))
+        layers = model.config.num_hidden_layers
+        assert calls == ([2, 3] * layers if in_place else [])  # else HF's own SDPA path, over a copy
+        engine.cache.use(binding)
+        keys, _ = engine.cache.update(torch.zeros(5, 2, 3, 16), torch.zeros(5, 2, 3, 16), 0)
+        assert (keys.data_ptr() == engine.cache.keys[0].data_ptr()) == in_place  # a view of the buffer, or a copy
+    assert torch.equal(logits[True], logits[False])
+    assert model.config._attn_implementation == "sdpa"  # restored after the engine's forwards

@@ -373,3 +373,31 @@ def test_prefill_in_length_groups_fills_the_cache_as_one_forward(model, monkeypa
     out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=16, recguide_mode="linear",
                                recguide_block_size=4)
     assert torch.equal(out, hf_greedy(model, ids, mask, max_new_tokens=16))
+
+
+def test_a_whole_batch_stop_leaves_the_token_counts_true():
+    """A criterion returning one bool for the batch ends every row where it is: the bucket that ran first this
+    round (B = 4) keeps the tokens it was judged on, the bucket that hit the stop (B = 8) is cut at it, and the
+    per-request token counts say exactly what each row emitted."""
+    true = [10 + i for i in range(200)]
+
+    class TwoBuckets(BlockPolicy):
+        def plan(self, rows, stats, pending_has):
+            return torch.where(rows % 2 == 0, 8, 4)
+
+    class AnyRowAt(StoppingCriteria):
+        def __init__(self, width, n):
+            self.width, self.n = width, n
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return bool(((input_ids[:, self.width:] != PAD).sum(1) >= self.n).any())
+
+    cfg = DecodingConfig(mode="linear", block_size=8)
+    prompts = torch.tensor([true[:3]] * 4)
+    engine = Engine(MockBackbone(true, list(true)), cfg, SamplingSettings(max_new_tokens=32, pad_token_id=PAD),
+                    stopper=StopChecker([AnyRowAt(3, 6)], PAD), policy=TwoBuckets(cfg))
+    seq, stats = engine.generate(prompts)
+    emitted = (seq[:, 3:] != PAD).sum(1)
+    assert emitted.tolist() == [6, 4, 6, 4]  # the B = 8 rows' round was cut at token 6
+    assert stats.new_tokens.tolist() == emitted.tolist() == engine.count.tolist()
+    assert stats.as_dict()["new_tokens"] == int(emitted.sum())
