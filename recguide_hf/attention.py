@@ -22,37 +22,47 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 ROW_RUNS = "recguide_row_runs"
 
-# (first query row, first cache slot, rows) of the forward being run; set by `RowCache.use`
-_runs: list[tuple[int, int, int]] | None = None
+# (first query row, first cache slot, rows, key width) of the forward being run; set by `RowCache.use`
+_runs: list[tuple[int, int, int, int]] | None = None
+
+# what one more SDPA call costs, in key slots read for one row: a run is split where a shorter row would
+# otherwise read more padding than this
+RUN_OVERHEAD = 150
 
 
-def set_runs(runs: list[tuple[int, int, int]] | None) -> None:
+def set_runs(runs: list[tuple[int, int, int, int]] | None) -> None:
     global _runs
     _runs = runs
 
 
-def row_runs(rows: list[int]) -> list[tuple[int, int, int]] | None:
-    """Runs of consecutive slots in `rows` (ascending, else None: the forward must gather)."""
-    runs: list[tuple[int, int, int]] = []
-    for i, r in enumerate(rows):
+def row_runs(rows: list[int], widths: list[int]) -> list[tuple[int, int, int, int]] | None:
+    """Runs of consecutive slots in `rows` (ascending, else None: the forward must gather), each with the key
+    width its rows need (`widths`: per row, its committed length plus the forward's query tokens). A run also
+    ends where the next row's width differs from the run's by more than `RUN_OVERHEAD`: attention then reads
+    no row's keys past what its run needs, instead of every row's up to the longest."""
+    runs: list[tuple[int, int, int, int]] = []
+    for i, (r, w) in enumerate(zip(rows, widths)):
         if i and r <= rows[i - 1]:
             return None
         if runs and r == rows[i - 1] + 1:
-            q, k, n = runs[-1]
-            runs[-1] = (q, k, n + 1)
-        else:
-            runs.append((i, r, 1))
+            q, k, n, width = runs[-1]
+            grow = n * (w - width) if w > width else width - w  # padding read if the row joins the run
+            if grow <= RUN_OVERHEAD:
+                runs[-1] = (q, k, n + 1, max(width, w))
+                continue
+        runs.append((i, r, 1, w))
     return runs
 
 
 def row_runs_attention(module, query, key, value, attention_mask, **kwargs):
-    """`sdpa_attention_forward`, per run of slots when the keys are the cache's full buffers (module docstring)."""
-    if _runs is None or key.shape[0] == query.shape[0]:
+    """`sdpa_attention_forward` once per run of slots, each over the keys its rows need (module docstring)."""
+    if _runs is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     outs = []
-    for q, k, n in _runs:
-        mask = attention_mask[q:q + n] if attention_mask is not None else None
-        out, _ = sdpa_attention_forward(module, query[q:q + n], key[k:k + n], value[k:k + n], mask, **kwargs)
+    for q, k, n, width in _runs:
+        mask = attention_mask[q:q + n, ..., :width] if attention_mask is not None else None
+        out, _ = sdpa_attention_forward(module, query[q:q + n], key[k:k + n, :, :width], value[k:k + n, :, :width],
+                                        mask, **kwargs)
         outs.append(out)
     return torch.cat(outs, 0), None
 

@@ -29,7 +29,8 @@ class Binding:
     all_rows: bool
     start: int | None = None  # the one first write slot when every row of an all-rows forward shares it
     fresh: bool = False  # every row starts empty (a prefill): it sees exactly the keys/values it writes
-    runs: list[tuple[int, int, int]] | None = None  # a subset's runs of slots, read in place (attention.py)
+    # runs of slots read in place, each over the key width its rows need (attention.py); None: one SDPA call
+    runs: list[tuple[int, int, int, int]] | None = None
 
 
 def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
@@ -102,7 +103,11 @@ class RowCache(Cache):
         all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
         start = int(base[0]) if all_rows and bool((base == base[0]).all()) else None
         fresh = not bool(base.any())
-        runs = row_runs(rows_cpu.tolist()) if self.row_runs and not all_rows and not fresh else None
+        runs = None
+        if self.row_runs and not fresh:
+            runs = row_runs(rows_cpu.tolist(), (base + query_len).tolist())
+            if all_rows and runs is not None and len(runs) == 1:
+                runs = None  # every row at once over the full width: plain SDPA
         return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs)
 
     def use(self, binding: Binding) -> None:

@@ -118,7 +118,10 @@ class Engine:
         started = [0.0] * slots
         while queue or any(o >= 0 for o in owner):
             free = [r for r in range(slots) if owner[r] < 0]
-            take = [(r, queue.pop(0)) for r in free[: len(queue)]]
+            # the longest prompts take the lowest free slots: rows of similar lengths then sit side by side, and
+            # attention reads each run of them only as far as it needs (attention.py), not to the longest row
+            arrivals = sorted((queue.pop(0) for _ in free[: len(queue)]), key=lambda q: -len(prompts[q]))
+            take = list(zip(free, arrivals))
             if take:
                 rows = torch.tensor([r for r, _ in take], device=device)
                 ids = torch.full((len(take), width), self.settings.pad_token_id, dtype=torch.long, device=device)

@@ -104,6 +104,7 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
     pads = (mask == 0).sum(1)
     subset = torch.tensor([0, 1, 3, 4, 5])
     query = torch.randint(4, 96, (5, 3), generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(attention, "RUN_OVERHEAD", 10 ** 6)  # runs by contiguity alone (widths: the next test)
     calls = []
     sdpa = attention.sdpa_attention_forward
     monkeypatch.setattr(attention, "sdpa_attention_forward", lambda m, q, *a, **k: calls.append(q.shape[0])
@@ -117,7 +118,9 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
         assert engine.cache.row_runs  # an SDPA model: on by default
         engine.cache.row_runs = in_place
         binding = engine.cache.prepare(subset, 3)
-        assert binding.runs == ([(0, 0, 2), (2, 3, 3)] if in_place else None)
+        widths = (engine.cache.lengths + 3).tolist()  # per slot: its committed length + the 3 query tokens
+        expected = [(0, 0, 2, max(widths[0:2])), (2, 3, 3, max(widths[3:6]))] if in_place else None
+        assert binding.runs == expected
         calls.clear()
         logits[in_place] = engine._forward(subset, query, torch.arange(3).expand(5, -1), causal_intra(5, 3))
         layers = model.config.num_hidden_layers
@@ -127,3 +130,50 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
         assert (keys.data_ptr() == engine.cache.keys[0].data_ptr()) == in_place  # a view of the buffer, or a copy
     assert torch.equal(logits[True], logits[False])
     assert model.config._attn_implementation == "sdpa"  # restored after the engine's forwards
+
+
+def test_runs_end_where_rows_need_much_shorter_or_longer_keys():
+    """Known answers for `attention.row_runs`: runs of consecutive slots, split again where a row's key width
+    differs from its run's by more padding than one more attention call costs (`RUN_OVERHEAD` slots)."""
+    from recguide_hf import attention
+
+    o = attention.RUN_OVERHEAD
+    assert attention.row_runs([0, 1, 2, 5], [10, 10, 10, 10]) == [(0, 0, 3, 10), (3, 5, 1, 10)]
+    assert attention.row_runs([2, 1], [10, 10]) is None  # not ascending: the forward gathers instead
+    # a much shorter row starts a run of its own; one a little shorter joins (and reads a little padding)
+    assert attention.row_runs([0, 1, 2], [400, 400 - o - 1, 400 - o]) == [(0, 0, 1, 400), (1, 1, 2, 400 - o)]
+    assert attention.row_runs([0, 1], [400, 400 - o]) == [(0, 0, 2, 400)]
+    # a longer row joins only while the run's rows together read little more
+    assert attention.row_runs([0, 1, 2], [100, 100, 100 + o // 2]) == [(0, 0, 3, 100 + o // 2)]
+    assert attention.row_runs([0, 1, 2], [100, 100, 100 + o]) == [(0, 0, 2, 100), (2, 2, 1, 100 + o)]
+
+
+def test_an_all_rows_forward_reads_each_run_only_as_far_as_it_needs(monkeypatch):
+    """Rows of very different lengths in one forward: each run of similar rows attends over its own key width,
+    and the logits match one SDPA call over every row's keys up to the longest."""
+    from conftest import left_pad, random_prompts, tiny_model
+
+    from recguide_hf import attention
+    from recguide_hf.backbone import as_backbone
+    from recguide_hf.config import DecodingConfig
+    from recguide_hf.engine import Engine, SamplingSettings
+
+    model = tiny_model(seed=5)
+    lengths = [60, 58, 3, 2, 40]
+    ids, mask = left_pad([p[:n] for p, n in zip(random_prompts(5, 96, min_len=60, max_len=61, seed=6), lengths)])
+    pads = (mask == 0).sum(1)
+    monkeypatch.setattr(attention, "RUN_OVERHEAD", 10)
+    query = torch.randint(4, 96, (5, 2), generator=torch.Generator().manual_seed(2))
+    logits = {}
+    for split in (True, False):
+        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4),
+                        SamplingSettings(max_new_tokens=4))
+        engine._allocate(*ids.shape)
+        engine._admit(torch.arange(5), ids, pads)
+        engine.cache.row_runs = split
+        binding = engine.cache.prepare(torch.arange(5), 2)
+        # prefill keeps all but the seed: committed 59, 57, 2, 1, 39 slots, + 2 query tokens
+        assert binding.runs == ([(0, 0, 2, 61), (2, 2, 2, 4), (4, 4, 1, 41)] if split else None)
+        logits[split] = engine._forward(torch.arange(5), query, torch.arange(2).expand(5, -1), causal_intra(5, 2))
+    assert torch.allclose(logits[True], logits[False], atol=1e-5)
+    assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
