@@ -79,15 +79,15 @@ class Backbone:
                 the attention mode itself comes from the mask.
         """
         config = self.model.config
-        runs = getattr(cache, "row_runs", False)
-        if runs:  # a forward over some rows reads their keys/values in place (attention.py); the internal
-            config._attn_implementation_internal = ROW_RUNS  # field: no propagation to sub-configs, no checks
+        in_place = getattr(cache, "row_runs", False)
+        if in_place:  # the cache's rows are read in place, in runs (attention.py); the internal field: no
+            config._attn_implementation_internal = ROW_RUNS  # propagation to sub-configs, no checks
         try:
             with route(self.adapter, draft_mask, self.lora_layers):
                 return self._forward(input_ids, position_ids, attention_mask, cache, logits_to_keep)
         finally:
-            if runs:
-                config._attn_implementation_internal = "sdpa"
+            if in_place:
+                config._attn_implementation_internal = "sdpa"  # `new_cache` enabled runs only for SDPA
 
     def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,

@@ -88,20 +88,33 @@ def test_fresh_rows_attend_over_what_they_write():
     assert not cache._binding.fresh
 
 
-def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
-    """A forward over some of the cache's rows (one bucket, or the rows still running) attends over the
-    buffers in place, one SDPA call per run of consecutive slots: the same logits as attending over a gathered
-    copy of those rows, with no copy (it once cost a copy of their context per layer and forward)."""
-    from conftest import left_pad, random_prompts, tiny_model
+def _prefilled_engine(model, prompts, in_place: bool):
+    """An engine whose rows hold `prompts` (prefilled), its cache reading subsets in place or gathering them."""
+    from conftest import left_pad
 
-    from recguide_hf import attention
     from recguide_hf.backbone import as_backbone
     from recguide_hf.config import DecodingConfig
     from recguide_hf.engine import Engine, SamplingSettings
 
+    ids, mask = left_pad(prompts)
+    engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4), SamplingSettings(max_new_tokens=4))
+    engine._allocate(*ids.shape)
+    engine._admit(torch.arange(ids.shape[0]), ids, (mask == 0).sum(1))
+    assert engine.cache.row_runs  # an SDPA model: on by default
+    engine.cache.row_runs = in_place
+    return engine
+
+
+def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
+    """A forward over some of the cache's rows (one bucket, or the rows still running) attends over the
+    buffers in place, one SDPA call per run of consecutive slots: the same logits as attending over a gathered
+    copy of those rows, with no copy (it once cost a copy of their context per layer and forward)."""
+    from conftest import random_prompts, tiny_model
+
+    from recguide_hf import attention
+
     model = tiny_model(seed=3)
-    ids, mask = left_pad(random_prompts(6, 96, min_len=2, max_len=12, seed=4))
-    pads = (mask == 0).sum(1)
+    prompts = random_prompts(6, 96, min_len=2, max_len=12, seed=4)
     subset = torch.tensor([0, 1, 3, 4, 5])
     query = torch.randint(4, 96, (5, 3), generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(attention, "RUN_OVERHEAD", 10 ** 6)  # runs by contiguity alone (widths: the next test)
@@ -111,12 +124,7 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
                         or sdpa(m, q, *a, **k))
     logits = {}
     for in_place in (True, False):
-        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4),
-                        SamplingSettings(max_new_tokens=8))
-        engine._allocate(*ids.shape)
-        engine._admit(torch.arange(6), ids, pads)
-        assert engine.cache.row_runs  # an SDPA model: on by default
-        engine.cache.row_runs = in_place
+        engine = _prefilled_engine(model, prompts, in_place)
         binding = engine.cache.prepare(subset, 3)
         widths = (engine.cache.lengths + 3).tolist()  # per slot: its committed length + the 3 query tokens
         expected = [(0, 0, 2, max(widths[0:2])), (2, 3, 3, max(widths[3:6]))] if in_place else None
@@ -151,26 +159,18 @@ def test_runs_end_where_rows_need_much_shorter_or_longer_keys():
 def test_an_all_rows_forward_reads_each_run_only_as_far_as_it_needs(monkeypatch):
     """Rows of very different lengths in one forward: each run of similar rows attends over its own key width,
     and the logits match one SDPA call over every row's keys up to the longest."""
-    from conftest import left_pad, random_prompts, tiny_model
+    from conftest import random_prompts, tiny_model
 
     from recguide_hf import attention
-    from recguide_hf.backbone import as_backbone
-    from recguide_hf.config import DecodingConfig
-    from recguide_hf.engine import Engine, SamplingSettings
 
     model = tiny_model(seed=5)
     lengths = [60, 58, 3, 2, 40]
-    ids, mask = left_pad([p[:n] for p, n in zip(random_prompts(5, 96, min_len=60, max_len=61, seed=6), lengths)])
-    pads = (mask == 0).sum(1)
+    prompts = [p[:n] for p, n in zip(random_prompts(5, 96, min_len=60, max_len=61, seed=6), lengths)]
     monkeypatch.setattr(attention, "RUN_OVERHEAD", 10)
     query = torch.randint(4, 96, (5, 2), generator=torch.Generator().manual_seed(2))
     logits = {}
     for split in (True, False):
-        engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4),
-                        SamplingSettings(max_new_tokens=4))
-        engine._allocate(*ids.shape)
-        engine._admit(torch.arange(5), ids, pads)
-        engine.cache.row_runs = split
+        engine = _prefilled_engine(model, prompts, split)
         binding = engine.cache.prepare(torch.arange(5), 2)
         # prefill keeps all but the seed: committed 59, 57, 2, 1, 39 slots, + 2 query tokens
         assert binding.runs == ([(0, 0, 2, 61), (2, 2, 2, 4), (4, 4, 1, 41)] if split else None)
