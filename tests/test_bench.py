@@ -97,3 +97,23 @@ def test_hf_assisted_rows_count_verifier_and_draft_forwards():
     assert assistant.generation_config.num_assistant_tokens is None  # the override did not stick
     with pytest.raises(ValueError, match="draft model"):
         run_hf(verifier, tok, prompts, 1, 4, "hf-assisted")
+
+
+def test_branch_check_break_even_reading():
+    """eval/branch_check.py: segment costs read linearly between the timed S = 1, 2, 3 (clamped outside), and the
+    README table's break-even coverage is extra verify time over draft time, with and without the routing part."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+    from branch_check import at, markdown
+
+    costs = {"branches_1": 0.010, "branches_2": 0.014, "branches_3": 0.020}
+    assert at(costs, "branches", 1.5) == pytest.approx(0.012)
+    assert at(costs, "branches", 2.5) == pytest.approx(0.017)
+    assert at(costs, "branches", 0.2) == pytest.approx(0.010) and at(costs, "branches", 3.7) == pytest.approx(0.020)
+    row = {"concurrency": 1, "block": 8, "segments_per_row": 2.0, "coverage": 0.3, "break_even_coverage": 0.8,
+           "extra_s": 0.008, "routing_s": 0.006, "costs_s": {"draft": 0.010}, "throughput_ratio": 0.8,
+           "same_output": True, "hit_rates": {"correction_1": 0.15, "correction_2": 0.1, "continuation": 0.05}}
+    line = markdown({"results": [row]}).splitlines()[-1]
+    assert line.startswith("| 1 | 8 | 15% / 10% / 5% | 2.0 | 30% | 80% (20%) | 8.0 (6.0) | 10.0 | x0.80 | yes |")
