@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -37,26 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_mixed  # noqa: E402
 
 from recguide_hf.backbone import as_backbone  # noqa: E402
-from recguide_hf.bench import run_hf, save_run, summarize  # noqa: E402
+from recguide_hf.bench import run_engine, run_hf, save_run, summarize  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
-from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
 from recguide_hf.masks import block_intra, causal_intra  # noqa: E402
 from recguide_hf.profile import _forward_timer  # noqa: E402
-
-
-def serve(model, tokenizer, prompts: list[str], c: int, max_new: int, config: DecodingConfig) -> dict:
-    """One closed-loop run (the bench's `run_engine`, with a config instead of a method name)."""
-    eos = model.generation_config.eos_token_id
-    settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
-                                pad_token_id=tokenizer.pad_token_id)
-    engine = Engine(as_backbone(model), config, settings)
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    start = time.perf_counter()
-    records = engine.serve(ids, slots=c)
-    policy = engine.policy
-    return {"records": records, "wall": time.perf_counter() - start, "engine_stats": None,
-            "segments": policy.segments_seen / policy.segment_rows}  # mean branch segments per row and round
 
 
 @torch.no_grad()
@@ -120,13 +104,14 @@ def main(argv=None) -> int:
             runs = {k: [] for k in configs}
             for rep in range(args.repeats):
                 for k in (list(configs) if rep % 2 == 0 else list(configs)[::-1]):
-                    runs[k].append(serve(model, tokenizer, prompts, c, args.max_new_tokens, configs[k]))
+                    runs[k].append(run_engine(model, tokenizer, prompts, c, args.max_new_tokens, configs[k]))
                     bar.update(1)
             summaries = {k: [summarize(r, reference) for r in v] for k, v in runs.items()}
             served = summaries["branches"][-1]
             ratios = [x["aggregate_tps"] / y["aggregate_tps"] for x, y in zip(summaries["branches"],
                                                                                  summaries["linear"])]
-            segments = statistics.mean(r["segments"] for r in runs["branches"])
+            policies = [r["engine"].policy for r in runs["branches"]]  # mean branch segments per row and round
+            segments = statistics.mean(q.segments_seen / q.segment_rows for q in policies)
             costs = forward_costs(model, c, b, args.prefix, args.forward_repeats)
             extra, routing = at(costs, "branches", segments) - costs["verify"], at(costs, "branches", segments) - at(
                 costs, "no_adapter", segments)

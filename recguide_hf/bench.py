@@ -163,9 +163,11 @@ def _number(value: str):
     return value
 
 
-def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str) -> dict:
+def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str | DecodingConfig) -> dict:
+    """One closed-loop run of C slots; `method` is a bench method name or a `DecodingConfig`. The result keeps the
+    engine (its policy's observations, e.g. branch segments per row)."""
     gen_config = model.generation_config
-    config = _engine_config(method, gen_config)
+    config = method if isinstance(method, DecodingConfig) else _engine_config(method, gen_config)
     eos = gen_config.eos_token_id
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
                                 pad_token_id=tokenizer.pad_token_id)
@@ -174,7 +176,7 @@ def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, metho
     start = time.perf_counter()
     records = engine.serve(ids, slots=c)
     wall = time.perf_counter() - start
-    return {"records": records, "wall": wall,
+    return {"records": records, "wall": wall, "engine": engine,
             "engine_stats": {"forwards": engine.stats.total_forwards, "query_tokens": engine.stats.total_query_tokens}}
 
 
