@@ -132,6 +132,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def break_even_without_routing(result: dict) -> float:
+    """The coverage a branch round would need if the adapter's per-token routing cost nothing."""
+    return (result["extra_s"] - result["routing_s"]) / result["costs_s"]["draft"]
+
+
 def markdown(payload: dict) -> str:
     """The table README's "How it works" shows (eval/update_readme.py)."""
     lines = ["| C | B | hits: correction 1 / 2 / continuation | segments per row | coverage | break-even coverage "
@@ -140,7 +145,7 @@ def markdown(payload: dict) -> str:
     for r in payload["results"]:
         h, draft = r["hit_rates"], r["costs_s"]["draft"]
         hits = " / ".join(f"{h[k]:.0%}" for k in ("correction_1", "correction_2", "continuation"))
-        free = (r["extra_s"] - r["routing_s"]) / draft
+        free = break_even_without_routing(r)
         lines.append(f"| {r['concurrency']} | {r['block']} | {hits} | {r['segments_per_row']:.1f} "
                      f"| {r['coverage']:.0%} | {r['break_even_coverage']:.0%} ({free:.0%}) | {r['extra_s'] * 1e3:.1f} "
                      f"({r['routing_s'] * 1e3:.1f}) | {draft * 1e3:.1f} | x{r['throughput_ratio']:.2f} "
