@@ -118,8 +118,8 @@ def test_greedy_parity_with_adapter(folder, mode):
 
 @torch.no_grad()
 def test_draft_forward_on_merged_weights_equals_the_hooks_and_restores_the_base(folder):
-    """A draft forward (every token drafts) runs on W + s B A; that equals the per-token hooks up to rounding, and
-    the base weights are back, bit for bit, after it."""
+    """A draft forward (every token drafts) runs on W + s B A; that equals the per-token hooks up to rounding, the
+    base weights are never touched, and after it the model's forward is the base model's again, bit for bit."""
     from transformers import AutoModelForCausalLM
 
     from recguide_hf.draft_adapter import route
@@ -127,12 +127,16 @@ def test_draft_forward_on_merged_weights_equals_the_hooks_and_restores_the_base(
     loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     before = {n: p.clone() for n, p in loaded.named_parameters()}
     ids = torch.tensor([[5, 9, 17, 30, 41, 7]])
+    base = loaded(ids).logits
     with route(loaded.draft_adapter, True):  # merged weights
         merged = loaded(ids).logits
     with route(loaded.draft_adapter, torch.ones(1, 6, dtype=torch.bool)):  # hooks on every token
         hooked = loaded(ids).logits
     torch.testing.assert_close(merged, hooked, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(merged, base, atol=1e-3)  # the merged weights did run
     assert all(torch.equal(p, before[n]) for n, p in loaded.named_parameters())
+    assert all("forward" not in m.__dict__ for m in loaded.modules())  # the merged-weight forwards are gone
+    torch.testing.assert_close(loaded(ids).logits, base, atol=0, rtol=0)  # and a plain forward is the base model's
     loaded.draft_adapter.requires_grad_(True)  # while training, gradients must reach A and B: hooks, not merges
     assert loaded.draft_adapter.merged_weights() is None
 
