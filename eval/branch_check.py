@@ -40,7 +40,7 @@ from recguide_hf.bench import run_engine, run_hf, save_run, summarize  # noqa: E
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.masks import block_intra, causal_intra  # noqa: E402
-from recguide_hf.profile import _forward_timer  # noqa: E402
+from recguide_hf.profile import _forward_timer, interleaved_medians  # noqa: E402
 
 
 @torch.no_grad()
@@ -59,13 +59,7 @@ def forward_costs(model, c: int, block: int, prefix: int, repeats: int) -> dict:
         wide = block * (1 + s)
         timers[f"branches_{s}"] = _forward_timer(backbone, cache, rows, wide, causal_intra(c, wide, device), block)
         timers[f"no_adapter_{s}"] = _forward_timer(backbone, cache, rows, wide, causal_intra(c, wide, device))
-    times = {k: [] for k in timers}
-    for i in range(repeats + 1):
-        for k, once in timers.items():
-            t = once()
-            if i:  # first pass: warm-up
-                times[k].append(t)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return interleaved_medians(timers, repeats)
 
 
 def at(costs: dict, kind: str, segments: float) -> float:
@@ -113,8 +107,8 @@ def main(argv=None) -> int:
             policies = [r["engine"].policy for r in runs["branches"]]  # mean branch segments per row and round
             segments = statistics.mean(q.segments_seen / q.segment_rows for q in policies)
             costs = forward_costs(model, c, b, args.prefix, args.forward_repeats)
-            extra, routing = at(costs, "branches", segments) - costs["verify"], at(costs, "branches", segments) - at(
-                costs, "no_adapter", segments)
+            routed = at(costs, "branches", segments)  # the verify forward with its segments, as serving runs it
+            extra, routing = routed - costs["verify"], routed - at(costs, "no_adapter", segments)
             results.append({
                 "concurrency": c, "block": b, "hit_rates": served["hit_rates"], "coverage": served["coverage"],
                 "tau": served["tau"], "tpf": served["tpf"], "segments_per_row": segments, "costs_s": costs,

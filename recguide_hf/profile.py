@@ -110,6 +110,18 @@ def _host_timer(backbone, c: int, b: int, rounds: tuple[int, int] = (4, 16)):
     return once
 
 
+def interleaved_medians(timers: dict, repeats: int) -> dict:
+    """{key: median seconds} of `timers` (key -> a function returning seconds), timed in turn, pass after pass;
+    the first pass is warm-up. A slow spell of the machine then falls on every key alike."""
+    times: dict = {key: [] for key in timers}
+    for i in range(repeats + 1):
+        for key, once in timers.items():
+            t = once()
+            if i:
+                times[key].append(t)
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
 @torch.no_grad()
 def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLOCK_SIZES, prefix_len: int = 256,
                   repeats: int = 5, progress=None) -> dict:
@@ -137,13 +149,7 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
                     timers[b, s] = _forward_timer(backbone, cache, rows, b * (1 + s),
                                                   causal_intra(c, b * (1 + s), device), b if s else None)
             timers[b, "host"] = _host_timer(backbone, c, b)
-        times: dict = {key: [] for key in timers}
-        for i in range(repeats + 1):
-            for key, once in timers.items():
-                t = once()
-                if i:  # the first pass is warm-up
-                    times[key].append(t)
-        med = {key: statistics.median(t) for key, t in times.items()}
+        med = interleaved_medians(timers, repeats)
         table[str(c)] = {}
         for b in block_sizes:
             if b == 1:
