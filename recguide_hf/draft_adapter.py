@@ -10,7 +10,7 @@ them. Routing is per token, so one fused forward can mix verifier and draft toke
   forward costs; the hooks' extra small matmuls cost about 40% of a forward on the bundled 12M model on a CPU.
   For the forward's duration each such `Linear` gets an instance-level `forward` that multiplies by its merged
   weight (`W` itself is never touched): assigning the merged tensors to `weight.data` and back instead cost about
-  0.9 ms per draft forward at C = 1 on the 2-core CPU (8.8 -> 9.6 ms at B = 8), far more than the assignments
+  0.8 ms per draft forward at C = 1 on the 2-core CPU (8.8 -> 9.6 ms at B = 8), far more than the assignments
   themselves, while the override costs microseconds;
 * a forward without draft tokens registers nothing: verifier tokens get bit-for-bit the base weights' output and
   a verify-only forward costs exactly what the base model costs (no wrapper modules stay in the model).
