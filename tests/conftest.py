@@ -24,6 +24,15 @@ def tiny_model(seed: int = 0, vocab: int = 96, init_scale: float = 0.3, layers: 
     return model
 
 
+def assert_close_layouts(actual: torch.Tensor, expected: torch.Tensor, ulps: int = 64):
+    """Two computation layouts of the same floats (other kernels, groupings or query widths) agree to rounding,
+    not bit for bit: fp32 rounds at 2**-23 of the values' scale per operation, and `ulps` of the scale covers
+    the reordered sums of these 2-layer test models with room while staying ~1e-5 of the scale, far below what
+    a real layout bug moves (a query seeing one wrong key, a LoRA on the wrong token: a sizeable fraction)."""
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=0, atol=ulps * 2 ** -23 * scale)
+
+
 def random_prompts(n: int, vocab: int, min_len: int = 1, max_len: int = 12, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()

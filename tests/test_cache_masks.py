@@ -109,7 +109,7 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
     """A forward over some of the cache's rows (one bucket, or the rows still running) attends over the
     buffers in place, one SDPA call per run of consecutive slots: the same logits as attending over a gathered
     copy of those rows, with no copy (it once cost a copy of their context per layer and forward)."""
-    from conftest import random_prompts, tiny_model
+    from conftest import assert_close_layouts, random_prompts, tiny_model
 
     from recguide_hf import attention
 
@@ -136,7 +136,9 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
         engine.cache.use(binding)
         keys, _ = engine.cache.update(torch.zeros(5, 2, 3, 16), torch.zeros(5, 2, 3, 16), 0)
         assert (keys.data_ptr() == engine.cache.keys[0].data_ptr()) == in_place  # a view of the buffer, or a copy
-    assert torch.equal(logits[True], logits[False])
+    # SDPA per run of slots vs one call over a gathered copy: different kernels and summation orders, so equal to
+    # rounding, not bit for bit (issue 31: bit-equal on one machine, not on another)
+    assert_close_layouts(logits[True], logits[False])
     assert model.config._attn_implementation == "sdpa"  # restored after the engine's forwards
 
 
