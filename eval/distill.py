@@ -52,6 +52,7 @@ from prompts import load_prompts  # noqa: E402
 from teacher_data import greedy  # noqa: E402
 from train import TeacherBatches, draft_blocks, set_lr  # noqa: E402
 
+from recguide_hf.draft import make_draft  # noqa: E402
 from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter  # noqa: E402
 from recguide_hf.modeling import RecGuideForCausalLM, additive_mask  # noqa: E402
 
@@ -68,8 +69,15 @@ def verifier_pass(verifier, x: torch.Tensor, mask_id: int):
     return cache, logits.log_softmax(-1)
 
 
-def distill_loss(student_logits, teacher_logp, labels_ok, weights, kl_weight: float, mask_id: int):
-    """Weighted CE to the teacher's argmax + KL(teacher || student). All [T, V] / [T]."""
+def distill_loss(student_logits, teacher_logp, labels_ok, weights, kl_weight: float, mask_id: int,
+                 rank2_weight: float = 0.0, excluded: list[int] | None = None):
+    """Weighted CE to the teacher's argmax + KL(teacher || student) [+ the rank-2 term]. All [T, V] / [T].
+
+    The rank-2 term is what a correction branch needs (DESIGN 2.2): where the student's argmax is wrong, the
+    branch hypothesises the second-ranked token c_p (never MASK, EOS or the argmax), so the teacher's token is
+    trained to be the argmax of the student's distribution with its own argmax (and `excluded`) removed. It
+    leaves the argmax's own logit alone, so it cannot make a right first choice wrong.
+    """
     student_logits = student_logits.float()
     student_logits[:, mask_id] = float("-inf")
     logq = student_logits.log_softmax(-1)
@@ -77,8 +85,17 @@ def distill_loss(student_logits, teacher_logp, labels_ok, weights, kl_weight: fl
     ce = F.nll_loss(logq, target, reduction="none")
     p = teacher_logp.exp()
     kl = (p * (teacher_logp - logq.clamp(min=-1e4))).nan_to_num().sum(-1)
+    per_token = ce + kl_weight * kl
+    if rank2_weight:
+        top = student_logits.detach().argmax(-1)
+        wrong = (top != target).float()
+        others = student_logits.scatter(1, top[:, None], float("-inf"))
+        if excluded:
+            others[:, excluded] = float("-inf")
+        r2 = F.cross_entropy(others, target, reduction="none").nan_to_num(posinf=0.0)  # EOS targets: not trainable
+        per_token = per_token + rank2_weight * wrong * r2
     w = weights * labels_ok
-    return ((ce + kl_weight * kl) * w).sum() / w.sum().clamp(min=1e-6), ce.detach()[labels_ok > 0].mean()
+    return (per_token * w).sum() / w.sum().clamp(min=1e-6), ce.detach()[labels_ok > 0].mean()
 
 
 def decay_weights(block_pos: torch.Tensor, decay: float, first: int = 1) -> torch.Tensor:
@@ -102,6 +119,25 @@ def seed_layout(ids: torch.Tensor, allowed: torch.Tensor, mask_id: int, first_dr
     return ~seed, allowed
 
 
+def correction_hits(margin, correction, targets, runs, delta: float = 0.5, max_corrections: int = 2):
+    """Would a correction branch supply the next block? margin, correction, targets: [N, A, B-1]; runs [N, A].
+
+    DESIGN 2.2's rule, per block: the first mismatch sits at draft place `runs` (0-based; none when the whole
+    block was accepted); a correction at p hits iff p is among the earliest `max_corrections` risky places
+    (margin < delta) and the verifier's token there equals the correction token c_p. Returns `(hit, place)`:
+    Returns hit [N, A] bool for the whole block; at block size b the branch exists only if the mismatch
+    falls inside the block: `hit & (runs < b - 1)` (truncating the block leaves the earlier places as they are).
+    """
+    k = margin.shape[-1]
+    risky = margin < delta
+    earlier = torch.cumsum(risky.int(), -1) - risky.int()  # risky places before each place
+    at = runs.clamp(max=k - 1)[..., None]
+    mismatch = runs < k
+    first_ok = (risky & (earlier < max_corrections)).gather(-1, at).squeeze(-1)
+    right = (correction.gather(-1, at) == targets.gather(-1, at)).squeeze(-1)
+    return mismatch & first_ok & right
+
+
 class AdapterStudent:
     """The verifier plus a LoRA that only draft-block tokens see."""
 
@@ -113,7 +149,10 @@ class AdapterStudent:
         else:
             self.adapter = add_draft_adapter(verifier, args.rank, args.alpha, args.targets)
         self.mask_id = verifier.config.mask_token_id
+        eos = verifier.config.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.first_draft = getattr(args, "first_draft", "mask")
+        self.with_risk = False  # measure() turns it on
 
     def parameters(self):
         return list(self.adapter.parameters())
@@ -143,11 +182,12 @@ class AdapterStudent:
         if self.first_draft == "verifier":  # d_1 is the seed's (exact); acceptance is first at risk at place 2
             weights = torch.where(seeded, decay_weights(block_pos, args.decay, first=2), weights)
         return distill_loss(logits.flatten(0, 1), t_logp.flatten(0, 1), ok.flatten(), weights.flatten(),
-                            args.kl_weight, self.mask_id)
+                            args.kl_weight, self.mask_id, getattr(args, "rank2_weight", 0.0), self.eos_ids)
 
     @torch.no_grad()
     def runs(self, x, lo, block, stride, teacher_logp, cache):
-        """Accepted-run length of a draft block at every `stride`-th anchor t in [lo, L - block]: [N, A]."""
+        """Accepted-run length of a draft block at every `stride`-th anchor t in [lo, L - block]: [N, A];
+        with `self.with_risk`, also what a correction branch needs there (`correction_hits`)."""
         n, length = x.shape
         anchors = torch.arange(lo, length - block + 1, stride)
         a = len(anchors)
@@ -165,12 +205,17 @@ class AdapterStudent:
                                 cache=cache, use_cache=True).logits
         cache.crop(-a * block)
         logits[..., self.mask_id] = float("-inf")
-        drafts = logits.argmax(-1).view(n, a, block)
+        logits = logits.view(n, a, block, -1)
         # d_1 from the first mask, or (first_draft="verifier") from the seed itself; d_2 .. from the masks
-        drafts = torch.cat([drafts[:, :, :1], drafts[:, :, 2:]] if self.first_draft == "verifier"
-                           else [drafts[:, :, 1:]], -1)
+        logits = torch.cat([logits[:, :, :1], logits[:, :, 2:]] if self.first_draft == "verifier"
+                           else [logits[:, :, 1:]], 2)  # [N, A, B-1, V]
+        drafts = logits.argmax(-1)
         targets = x[:, anchors[:, None] + offs[1:]]  # [N, A, B-1]: the verifier's greedy tokens
-        return (drafts == targets).int().cumprod(-1).sum(-1)
+        runs = (drafts == targets).int().cumprod(-1).sum(-1)
+        if not getattr(self, "with_risk", False):
+            return runs
+        block_ = make_draft(logits.flatten(0, 1), self.mask_id, self.eos_ids)
+        return runs, correction_hits(block_.margin.view(n, a, -1), block_.correction.view(n, a, -1), targets, runs)
 
     def save(self, directory: Path):
         save_draft_adapter(self.model, directory)
@@ -240,12 +285,20 @@ def heldout_rows(verifier, tokenizer, prompt_len: int, new_tokens: int, per_set:
 
 @torch.no_grad()
 def measure(student, verifier, rows: dict[str, torch.Tensor], prompt_len: int, blocks=(8, 16, 32)) -> dict:
+    """Held-out tau(B) by the accepted-run estimate and, for the adapter, the share of blocks whose next block a
+    correction branch would supply (`correction_{set}_B{b}`, DESIGN 2.2's rule with delta 0.5, two corrections)."""
     res = {}
+    risk = isinstance(student, AdapterStudent)
     for name, x in rows.items():
         cache, logp = verifier_pass(verifier, x, student.mask_id)
-        runs = student.runs(x, prompt_len, max(blocks), 4, logp, cache)  # [N, A] runs capped at max(B) - 1
+        student.with_risk = risk
+        out = student.runs(x, prompt_len, max(blocks), 4, logp, cache)  # [N, A] runs capped at max(B) - 1
+        student.with_risk = False
+        runs, hits = out if risk else (out, None)
         for b in blocks:
             res[f"tau_{name}_B{b}"] = round(1 + runs.clamp(max=b - 1).float().mean().item(), 3)
+            if hits is not None:
+                res[f"correction_{name}_B{b}"] = round((hits & (runs < b - 1)).float().mean().item(), 3)
         res[f"accept_{name}"] = [round((runs >= k).float().mean().item(), 3) for k in range(1, 9)]
     return res
 
@@ -389,6 +442,9 @@ def main(argv=None):
     p.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16, 16, 32])
     p.add_argument("--draft-tokens", type=int, default=128, help="draft-block tokens per row and step")
     p.add_argument("--kl-weight", type=float, default=1.0)
+    p.add_argument("--rank2-weight", type=float, default=0.0,
+                   help="weight of the correction-branch term: where the student's argmax is wrong, CE of the "
+                        "teacher's token with that argmax (and MASK, EOS) removed, so c_p is the verifier's token")
     p.add_argument("--decay", type=float, default=4.0, help="loss weight exp(-(k-1)/decay) at block place k")
     p.add_argument("--first-draft", choices=["mask", "verifier"], default="mask",
                    help="the engine layout the adapter drafts in (recguide_first_draft): with 'verifier' the seed "

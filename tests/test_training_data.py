@@ -146,3 +146,43 @@ def test_teacher_batches_pool_several_files(tmp_path):
     assert torch.equal(TeacherBatches(a, 4, 0).tokens, torch.ones(3, 10, dtype=torch.long))
     with pytest.raises(ValueError, match="differ"):
         TeacherBatches([a, write("c.npz", 3, 2, prompt_len=5)], 4, 0)
+
+
+def test_correction_hits_follow_the_reuse_rule():
+    """Known answers for `eval/distill.py`'s offline correction coverage (DESIGN 2.2): the first mismatch must be
+    one of the two earliest risky places and its correction token must be the verifier's."""
+    from eval.distill import correction_hits
+
+    #            place:   0    1    2    3
+    margin = torch.tensor([[0.9, 0.2, 0.3, 0.1],   # mismatch at 2: risky, one risky place before it -> kept
+                           [0.1, 0.2, 0.3, 0.9],   # mismatch at 2: risky, but two risky places before it
+                           [0.9, 0.9, 0.9, 0.9],   # mismatch at 1: not risky
+                           [0.1, 0.1, 0.1, 0.1],   # mismatch at 0, but the correction is not the verifier's
+                           [0.1, 0.1, 0.1, 0.1]])  # whole block accepted: nothing to correct
+    targets = torch.full((5, 4), 7)
+    correction = torch.full((5, 4), 7)
+    correction[3, 0] = 8
+    runs = torch.tensor([2, 2, 1, 0, 4])
+    hits = correction_hits(margin[:, None], correction[:, None], targets[:, None], runs[:, None])
+    assert hits.squeeze(1).tolist() == [True, False, False, False, False]
+
+
+def test_rank2_term_trains_the_correction_token_and_leaves_a_right_argmax_alone():
+    """`--rank2-weight`: where the student's argmax is wrong, the teacher's token is pushed towards second place
+    without touching the argmax's logit; where the argmax is right, the term adds nothing."""
+    from eval.distill import distill_loss
+
+    teacher = torch.log_softmax(torch.tensor([[0.0, 5.0, 1.0, 0.0, 0.0], [0.0, 5.0, 1.0, 0.0, 0.0]]), -1)
+    student = torch.tensor([[0.0, 0.0, 3.0, 1.0, 2.0],   # argmax 2, teacher's token 1: wrong
+                            [0.0, 4.0, 3.0, 1.0, 2.0]])  # argmax 1: right
+    ok, w = torch.ones(2), torch.ones(2)
+    grads = {}
+    for rank2 in (0.0, 1.0):
+        s = student.clone().requires_grad_(True)
+        loss, _ = distill_loss(s * 1, teacher, ok, w, 0.0, mask_id=0, rank2_weight=rank2, excluded=[4])  # not a leaf
+        loss.backward()
+        grads[rank2] = s.grad
+    extra = grads[1.0] - grads[0.0]
+    assert extra[0, 2] == 0 and extra[0, 1] < 0  # argmax untouched; the teacher's token raised
+    assert extra[0, 4] == 0  # an excluded token (EOS) is no candidate
+    assert torch.equal(extra[1], torch.zeros(5))  # a right argmax: no rank-2 term
