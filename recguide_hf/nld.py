@@ -7,11 +7,25 @@ the engine passes, so one forward can mix verifier (causal) and draft (bidirecti
 
 NLD-8B drafts with a PEFT LoRA adapter (on `o_proj`); `Backbone.forward` routes it per token
 (recguide_hf/draft_adapter.py), so verifier tokens get exactly the base weights' output.
+
+How NLD's published encoder must be called (issue 30; `tests/nld_standin_modeling.py` behaves the same way):
+
+* an explicit mask reaches attention only with `use_causal_mask=True` (NLD's own `linear_spec_generate` and
+  axolotl's integration pass it whenever they give a mask); without it the engine's mask is dropped;
+* the llama-4 query scale is read from `cache_position`, which the encoder otherwise derives from the cache's
+  longest row: the adapter passes each token's own position (1-D when every row has the same positions, else
+  `[R, 1, Q]`, which the scale's trailing-axis broadcast turns into one scale per row and token);
+* the encoder builds its mask with transformers' `create_causal_mask` under transformers 5.0's keyword names,
+  which 5.9 renamed or removed (a TypeError from then on); for a 4D mask that function returns the mask as given,
+  so during the adapter's forward the encoder module's mask builders are bridged to do exactly that
+  (`_given_mask`), and NLD's files run under every transformers version this package supports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 
 import torch
 
@@ -55,16 +69,24 @@ class NLDBackbone(Backbone):
         if impl.startswith("flash"):
             raise ValueError(f"attn_implementation={impl!r} ignores 4D attention masks; load the model with "
                              "attn_implementation='sdpa' (or 'eager')")
+        paradigm = getattr(cfg, "dlm_paradigm", None) or getattr(self.encoder.config, "dlm_paradigm", None)
         flex = [type(layer.self_attn).__name__ for layer in self.encoder.layers
-                if hasattr(layer.self_attn, "set_attention_mode")]
-        if flex:
-            raise NotImplementedError(f"The encoder's attention class ({flex[0]}) builds its own block masks and "
-                                      "would ignore the engine's 4D mask; load the checkpoint so that it uses the "
-                                      "standard attention class (NLD: dlm_paradigm='bidirectional', "
-                                      "enable_self_spec=False)")
+                if "flex" in type(layer.self_attn).__name__.lower() or hasattr(layer.self_attn, "set_attention_mode")]
+        if flex or paradigm == "block_diff":
+            what = f"attention class {flex[0]}" if flex else "dlm_paradigm='block_diff'"
+            raise NotImplementedError(f"The encoder's {what} builds its own block masks (flex attention) and never "
+                                      "reads the engine's 4D mask; load the checkpoint with its standard attention "
+                                      "class (NLD: dlm_paradigm='bidirectional', the published default)")
         params = inspect.signature(self.encoder.forward).parameters
-        # transformers 5.24 names the cache `cache`; older remote code only knows `past_key_values`
+        # transformers 5.24 names the cache `cache`; NLD's files (written for 5.0) only know `past_key_values`
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._gate_kw = "use_causal_mask" in params  # NLD: a mask counts only with use_causal_mask=True
+        self._takes_cache_position = "cache_position" in params
+        self._module = sys.modules.get(type(self.encoder).__module__)
+        rope = getattr(self.encoder.config, "rope_parameters", None) or getattr(self.encoder.config, "rope_scaling",
+                                                                                None) or {}
+        # the llama-4 query scale: 1 below this position, position-dependent from it on (None: not scaled)
+        self._llama4_from = rope.get("original_max_position_embeddings") if rope.get("llama_4_scaling_beta") else None
         self.adapter, self.lora_layers = find_adapter(model)
         self._keep_flags_causal()
 
@@ -96,12 +118,57 @@ class NLDBackbone(Backbone):
     # ------------------------------------------------------------------ the forward
     def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):
         self._keep_flags_causal()
-        out = self.encoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                           use_cache=True, **{self._cache_kw: cache})
+        kwargs = {self._cache_kw: cache}
+        if self._gate_kw and attention_mask is not None:
+            kwargs["use_causal_mask"] = True
+        if self._takes_cache_position:
+            kwargs["cache_position"] = self._cache_position(position_ids)
+        with self._given_mask():
+            out = self.encoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                               use_cache=True, **kwargs)
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return self.head(hidden)
+
+    def _cache_position(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """What NLD's attention reads per token: the token's position (slot = position in the row cache).
+
+        Args:
+            position_ids: [R, Q].
+        Returns [Q] when every row has the same positions, or when no query crosses the llama-4 threshold
+        (every scale is then 1, whatever the positions); else [R, 1, Q], one scale per row and token."""
+        first = position_ids[0]
+        if position_ids.shape[0] == 1 or self._llama4_from is None:
+            return first
+        if int(position_ids.max()) < self._llama4_from or bool((position_ids == first).all()):
+            return first
+        return position_ids[:, None, :]
+
+    @contextlib.contextmanager
+    def _given_mask(self):
+        """For this forward, the encoder module's mask builders return a 4D mask as given (transformers 5.0's
+        behaviour, under any keyword names), and build other masks as before."""
+        module = self._module
+        names = [n for n in ("create_causal_mask", "create_sliding_window_causal_mask")
+                 if callable(getattr(module, n, None))]
+        saved = {n: getattr(module, n) for n in names}
+
+        def bridge(original):
+            def build(*args, **kwargs):
+                mask = kwargs.get("attention_mask")
+                if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+                    return mask
+                return original(*args, **kwargs)
+            return build
+
+        for n in names:
+            setattr(module, n, bridge(saved[n]))
+        try:
+            yield
+        finally:
+            for n in names:
+                setattr(module, n, saved[n])
 
     def _keep_flags_causal(self):
         """NLD's own methods flip these switches; the fused path needs them off (the mask decides)."""

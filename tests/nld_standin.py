@@ -1,12 +1,17 @@
-"""The NLD stand-in with its PEFT drafting LoRA, plain reference decoders, and a model-folder writer.
+"""The NLD stand-in with its PEFT drafting LoRA, reference decoders in NLD's own terms, and a model-folder writer.
 
-* `standin(seed)`: the tiny random NLD-layout model (nld_standin_modeling.py) with a LoRA on every `o_proj`
-  (random, non-zero A and B), injected in place by PEFT as NLD-8B's drafter adapter is.
-* `linear_ss_reference(...)`: NLD's published LinearSS semantics written plainly, batch 1, on a DynamicCache:
-  draft `[seed, MASK x (B-1)]` with the LoRA on and bidirectional attention without keeping the cache
-  writes; verify `[seed, d_1 ..]` causally with the LoRA off; accept the matching prefix; crop the cache.
-  Uses PEFT's own adapter switch and HF's own causal masking, none of the engine's code.
-* `ar_greedy(...)`: plain batched greedy decoding with the LoRA off (one token per forward).
+* `standin(seed)`: the tiny random NLD-layout model (nld_standin_modeling.py: mask honoured only through
+  `use_causal_mask=True`, llama-4 query scale from `cache_position`, every `diffusion_lm` flag True after
+  loading) with a LoRA on every `o_proj` (random, non-zero A and B), injected in place by PEFT as NLD-8B's
+  drafter adapter is. The llama-4 threshold is lowered to `llama4_threshold` (NLD-8B: 16384) so that short
+  test sequences cross it and rows of a batch need different query scales.
+* `linear_ss_reference(...)`: NLD's LinearSS semantics, batch 1, on a DynamicCache, with no attention mask at all:
+  draft `[seed, MASK x (B-1)]` with the LoRA on and the `diffusion_lm` flags True (`use_cache=False`: the cache
+  is read, not written, as NLD's `linear_spec_generate` drafts); verify with the LoRA off and the flags False,
+  one token per forward (each sees its whole prefix, so no mask is needed), stopping at the first mismatch, so
+  the cache ends holding the seed and the accepted drafts. None of the engine's code.
+* `ar_greedy(...)`: NLD's own `ar_generate` (batch 1, explicit `cache_position`), LoRA off, row by row, laid
+  out like HF's batched output: `[left-padded prompts | new tokens | pad after EOS]`.
 * `write_standin_folder(dir)`: a `trust_remote_code` model folder (config with `auto_map` -> AutoModel, the
   modeling file, weights, a character-level tokenizer) plus the LoRA as a PEFT adapter in `dir/draft_lora`.
 
@@ -15,7 +20,6 @@ Run `python tests/nld_standin.py DIR` to write such a folder.
 
 from __future__ import annotations
 
-import inspect
 import string
 import sys
 from pathlib import Path
@@ -30,18 +34,17 @@ from nld_standin_modeling import NLDStandInConfig, NLDStandInModel  # noqa: E402
 
 MASK, EOS, PAD = 100, 11, 0
 VOCAB = 128
+LLAMA4_THRESHOLD = 8  # positions from 8 on get a query scale above 1 (NLD-8B: 16384)
 
 
-def standin_config(vocab: int = VOCAB, init_scale: float = 0.3, layers: int = 2) -> NLDStandInConfig:
+def standin_config(vocab: int = VOCAB, init_scale: float = 0.3, layers: int = 2,
+                   llama4_threshold: int = LLAMA4_THRESHOLD, dlm_paradigm: str = "bidirectional") -> NLDStandInConfig:
     return NLDStandInConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, initializer_range=init_scale,
-        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=1, mask_token_id=MASK, tie_word_embeddings=False,
-        # NLD's YaRN + llama-4 attention scaling, with a small original context so that positions past 64
-        # get a position-dependent query scale (exercises per-row position ids)
-        rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 64,
-                         "max_position_embeddings": 1024, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0,
-                         "mscale": 1.0, "llama_4_scaling_beta": 0.1},
+        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=1, mask_token_id=MASK, dlm_paradigm=dlm_paradigm,
+        rope_parameters={"rope_theta": 1e6, "llama_4_scaling_beta": 0.5,
+                         "original_max_position_embeddings": llama4_threshold},
     )
 
 
@@ -49,6 +52,8 @@ def standin(seed: int = 0, lora: bool = True, lora_scale: float = 0.3, **config_
     """Random weights with a large init (peaked logits, so greedy is rarely near-tied) and a random LoRA."""
     torch.manual_seed(seed)
     model = NLDStandInModel(standin_config(**config_kw)).eval()
+    with torch.no_grad():  # a trained NLD never predicts MASK causally; random weights would (ar_generate keeps it)
+        model.diffusion_head.weight[MASK] = 0
     if lora:
         add_lora(model, scale=lora_scale, seed=seed + 1)
     return model
@@ -82,10 +87,17 @@ def set_lora(model, on: bool):
         module.enable_adapters(on)
 
 
+def _unwrap(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 # ---------------------------------------------------------------------------------------------- references
-def _forward(model, ids, cache, mask=None):
-    return model.diffusion_head(model.encoder(input_ids=ids, attention_mask=mask, cache=cache,
-                                              use_cache=True).last_hidden_state)
+def _logits(model, ids, cache, use_cache=True):
+    """One encoder call with no mask (NLD's own draft and step calls); MASK never emitted (as in the engine)."""
+    logits = model.diffusion_head(model.encoder(input_ids=ids, past_key_values=cache,
+                                                use_cache=use_cache).last_hidden_state).float()
+    logits[..., MASK] = float("-inf")
+    return logits
 
 
 @torch.no_grad()
@@ -96,84 +108,65 @@ def linear_ss_reference(model, prompt: list[int], block: int, max_new_tokens: in
     prefill_all=True is NLD's `linear_spec_generate`: the whole prompt is prefilled and the first new token
     comes from that prefill. prefill_all=False starts like the engine: the cache holds the prompt but its
     last token, which is the first seed (same output; rounds line up with the engine's).
-    Drafts are the argmax with MASK excluded (DESIGN 2.1); MASK is never emitted.
     """
+    model = _unwrap(model)
     ids = torch.tensor([prompt])
     cache = DynamicCache()
     set_lora(model, False)
-    if prefill_all:
-        first = _forward(model, ids, cache)[0, -1]
-        first[mask_id] = float("-inf")
-        seed = int(first.argmax())
+    model.set_diffusion_lm(False)
+    if prefill_all:  # a causal prefill from an empty cache: SDPA's is_causal is exactly right, no mask needed
+        seed = int(_logits(model, ids, cache)[0, -1].argmax())
         out = [seed]
         if seed == eos:
             return out, []
     else:
         if ids.shape[1] > 1:
-            _forward(model, ids[:, :-1], cache)
+            _logits(model, ids[:, :-1], cache)
         seed, out = prompt[-1], []
     rounds = []
     while len(out) < max_new_tokens:
-        p = cache.get_seq_length()
-        # draft: LoRA on, bidirectional over the block (explicit all-visible mask), cache writes dropped
+        # draft: LoRA on, bidirectional (diffusion_lm flags), the cache read and not written
         block_ids = torch.full((1, block), mask_id)
         block_ids[0, 0] = seed
         set_lora(model, True)
-        draft_logits = _forward(model, block_ids, cache, mask=torch.zeros(1, 1, block, p + block))
-        cache.crop(-block)
-        draft_logits[..., mask_id] = float("-inf")
-        drafts = draft_logits[0, 1:].argmax(-1)
-        # verify: LoRA off, causal (HF's own causal mask), cache written
+        model.set_diffusion_lm(True)
+        drafts = _logits(model, block_ids, cache, use_cache=False)[0, 1:].argmax(-1).tolist()
         set_lora(model, False)
-        verify_ids = torch.cat([torch.tensor([seed]), drafts])[None]
-        target_logits = _forward(model, verify_ids, cache)[0]
-        target_logits[:, mask_id] = float("-inf")  # MASK is never emitted (as in the engine)
-        target = target_logits.argmax(-1)  # a_0 .. a_{B-1}
-        n = 0
-        while n < block - 1 and int(target[n]) == int(drafts[n]):
-            n += 1
+        model.set_diffusion_lm(False)
+        # verify: LoRA off, causal, one token per forward until the first mismatch (cache: seed + accepted)
+        n, token = 0, seed
+        while True:
+            target = int(_logits(model, torch.tensor([[token]]), cache)[0, -1].argmax())
+            if n == block - 1 or target != drafts[n]:
+                break
+            token, n = drafts[n], n + 1
         rounds.append(n)
-        new = drafts[:n].tolist() + [int(target[n])]
-        if n < block - 1:
-            cache.crop(-(block - n - 1))  # keep seed + n accepted drafts
+        new = drafts[:n] + [target]
         if eos in new:
             out += new[: new.index(eos) + 1]
             break
         out += new
-        seed = new[-1]
+        seed = target
+    model.set_diffusion_lm(True)  # as loading left them
     return out[:max_new_tokens], rounds
 
 
 @torch.no_grad()
 def ar_greedy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int,
               eos: int = EOS, pad: int = PAD, mask_id: int = MASK) -> torch.Tensor:
-    """Batched greedy decoding with the LoRA off: `[left-padded prompts | new tokens | pad after EOS]`.
-
-    MASK is never emitted (as in the engine, which removes it from verifier scores)."""
-    set_lora(model, False)
-    ids = input_ids
-    mask = torch.ones_like(ids) if attention_mask is None else attention_mask
-    cache = DynamicCache()
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    step_ids, out = ids, ids
-    # transformers 5.24 calls it `cache`; remote code written for older versions only knows `past_key_values`
-    name = "cache" if "cache" in inspect.signature(model.encoder.forward).parameters else "past_key_values"
-    for _ in range(max_new_tokens):
-        pos = (mask.cumsum(1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-        h = model.encoder(input_ids=step_ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                          **{name: cache}).last_hidden_state
-        logits = model.diffusion_head(h[:, -1]).float()
-        logits[:, mask_id] = float("-inf")  # the engine never emits MASK either
-        nxt = logits.argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-        done |= nxt == eos
-        out = torch.cat([out, nxt[:, None]], 1)
-        if bool(done.all()):
-            break
-        step_ids = nxt[:, None]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-    width = input_ids.shape[1] + max_new_tokens
-    return torch.nn.functional.pad(out, (0, width - out.shape[1]), value=pad)
+    """NLD's own `ar_generate` per row (its padding removed), LoRA off, laid out as HF's batched greedy output:
+    `[left-padded prompts | new tokens | pad after EOS]`."""
+    base = _unwrap(model)
+    set_lora(base, False)
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    rows = []
+    for ids, keep in zip(input_ids, mask.bool()):
+        prompt = ids[keep][None]
+        out, _ = base.ar_generate(prompt, max_new_tokens, eos_token_id=eos)
+        new = out[0, prompt.shape[1]:]
+        rows.append(torch.cat([ids, new, torch.full((max_new_tokens - new.numel(),), pad, dtype=ids.dtype)]))
+    base.set_diffusion_lm(True)  # as loading left them
+    return torch.stack(rows)
 
 
 # ---------------------------------------------------------------------------------------------- model folder

@@ -7,9 +7,10 @@ import torch
 
 pytest.importorskip("peft")
 
-from conftest import fused_forward, left_pad, random_prompts  # noqa: E402
+from conftest import assert_close_layouts, fused_forward, left_pad, random_prompts  # noqa: E402
 from nld_standin import (  # noqa: E402
     EOS,
+    LLAMA4_THRESHOLD,
     MASK,
     PAD,
     VOCAB,
@@ -48,7 +49,9 @@ def prompts_for(n, seed, max_len=12):
     return [[t if t not in (MASK, EOS) else t + 1 for t in p] for p in prompts]
 
 
-def test_backbone_facts(model):
+def test_backbone_facts():
+    model = standin(seed=0)
+    assert all(layer.self_attn.diffusion_lm is True for layer in model.encoder.layers)  # as NLD loads
     bb = as_backbone(model)
     assert isinstance(bb, NLDBackbone)
     assert (bb.mask_token_id, bb.vocab_size, bb.max_positions) == (MASK, VOCAB, 1024)
@@ -56,6 +59,37 @@ def test_backbone_facts(model):
     cache = bb.new_cache(3, 40)
     assert len(cache.keys) == 2 and cache.keys[0].shape == (3, 2, 40, 16)
     assert all(layer.self_attn.diffusion_lm is False for layer in model.encoder.layers)
+
+
+@torch.no_grad()
+def test_the_standin_behaves_like_nlds_files():
+    """What the adapter must work around, checked on the stand-in itself (so it cannot quietly lose it): a 4D mask
+    counts only with `use_causal_mask=True`; the llama-4 query scale follows `cache_position`; the mask builder
+    is called with transformers 5.0's keyword names, a TypeError from 5.9 on."""
+    import inspect
+
+    from transformers import masking_utils
+
+    model = standin(seed=0, lora=False)
+    model.set_diffusion_lm(False)
+    enc = model.encoder
+    ids = torch.tensor([[5, 17, 23, 40, 8, 70]])
+    blocked = torch.zeros(1, 1, 6, 6)
+    blocked[..., 1:] = float("-inf")  # every query sees token 0 only
+    no_mask = enc(input_ids=ids).last_hidden_state
+    assert torch.equal(enc(input_ids=ids, attention_mask=blocked).last_hidden_state, no_mask)  # dropped
+    modern = "input_embeds" not in inspect.signature(masking_utils.create_causal_mask).parameters
+    if modern:
+        with pytest.raises(TypeError):
+            enc(input_ids=ids, attention_mask=blocked, use_causal_mask=True)
+    else:
+        gated = enc(input_ids=ids, attention_mask=blocked, use_causal_mask=True).last_hidden_state
+        assert not torch.allclose(gated, no_mask, atol=1e-3)
+    pos = torch.arange(6)[None]  # rotary positions fixed: only the query scale can move
+    far = enc(input_ids=ids, position_ids=pos, cache_position=torch.arange(6) + 1000).last_hidden_state
+    assert not torch.allclose(far, no_mask, atol=1e-3)
+    below = enc(input_ids=ids, position_ids=pos, cache_position=torch.arange(6) + LLAMA4_THRESHOLD - 6)
+    assert torch.equal(below.last_hidden_state, no_mask)  # every scale 1 below the threshold
 
 
 def test_verifier_logits_exactly_the_base_model(model):
@@ -71,37 +105,49 @@ def test_verifier_logits_exactly_the_base_model(model):
     v_base, _ = fused_forward(as_backbone(base), prompt, verify, branch, branch_start=2)
     assert torch.equal(v_routed, v_base)
     assert not torch.allclose(b_routed, b_off, atol=1e-3)  # the LoRA does change the draft tokens
+    # below, the references run other computation layouts (no mask, other query widths): equal to rounding
     with torch.no_grad():
-        # the verifier segment alone, causal, HF's own mask, PEFT's own adapter switch off
+        # the verifier segment alone, causal from an empty cache (SDPA's is_causal), NLD's flags off, LoRA off
         set_lora(model, False)
+        model.set_diffusion_lm(False)
         full = model.diffusion_head(model.encoder(input_ids=torch.tensor([prompt + verify[1:]])).last_hidden_state)
-        torch.testing.assert_close(v_routed, full[0, -len(verify):], atol=1e-5, rtol=1e-5)
-        # the branch as a next-round draft: prefix [prompt, d_1] committed causally (LoRA off), then
-        # [c_p, MASK x 3] with PEFT's LoRA on and bidirectional attention
+        assert_close_layouts(v_routed, full[0, -len(verify):])
+        # the branch as a next-round draft, as NLD drafts: prefix [prompt, d_1] committed causally (LoRA off),
+        # then [c_p, MASK x 3] with PEFT's LoRA on, the diffusion_lm flags True and the cache read, not written
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        model.encoder(input_ids=torch.tensor([prompt + verify[1:2]]), cache=cache, use_cache=True)
+        model.encoder(input_ids=torch.tensor([prompt + verify[1:2]]), past_key_values=cache, use_cache=True)
         set_lora(model, True)
-        p = cache.get_seq_length()
-        draft = model.diffusion_head(model.encoder(input_ids=torch.tensor([branch]), cache=cache, use_cache=True,
-                                                   attention_mask=torch.zeros(1, 1, 4, p + 4)).last_hidden_state)
+        model.set_diffusion_lm(True)
+        draft = model.diffusion_head(model.encoder(input_ids=torch.tensor([branch]), past_key_values=cache,
+                                                   use_cache=False).last_hidden_state)
         set_lora(model, False)
-    torch.testing.assert_close(b_routed, draft[0], atol=1e-5, rtol=1e-5)
+    assert_close_layouts(b_routed, draft[0])
     assert [m._disable_adapters for m in lora_layers(model)] == [True] * 2  # as set_lora(False) left them
 
 
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "no-lora"])
 @pytest.mark.parametrize("mode", ["linear", "recguide"])
-def test_parity_with_ar_and_reference(model, mode):
-    """RecGuide greedy (left-padded batch, several block sizes) == plain AR greedy with the LoRA off ==
-    the plain LinearSS reference, prompt by prompt."""
+def test_parity_with_ar_and_reference(model, mode, lora):
+    """RecGuide greedy (batch 1 and a left-padded batch, several block sizes) == NLD's own `ar_generate` row by
+    row (LoRA off) == the plain LinearSS reference, prompt by prompt. Prompts of 1-12 tokens and 20 new ones cross
+    the stand-in's lowered llama-4 threshold (16) at different steps in different rows."""
+    if not lora:
+        model = standin(seed=0, lora=False)
     prompts = prompts_for(4, seed=1)
     ids, mask = left_pad(prompts, pad=PAD)
     ref = ar_greedy(model, ids, mask, 20)
+    lengths = mask.sum(1)
+    assert int(lengths.min()) < LLAMA4_THRESHOLD < int(lengths.max()) + 20  # rows cross it at different steps
     for block in (2, 5, 16):
         out = recguide_hf.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=20,
                                    recguide_block_size=block, recguide_mode=mode)
         assert torch.equal(out, ref), (mode, block)
+        one = torch.tensor([prompts[0]])
+        alone = recguide_hf.generate(model, input_ids=one, max_new_tokens=20, recguide_block_size=block,
+                                     recguide_mode=mode)
+        assert torch.equal(alone, ar_greedy(model, one, None, 20)), (mode, block)
     width = ids.shape[1]
     for i, prompt in enumerate(prompts[:2]):
         new, _ = linear_ss_reference(model, prompt, 8, 20)
@@ -241,9 +287,11 @@ def test_adapter_guards():
         layer.merge()
     with pytest.raises(ValueError, match="merged"):
         NLDBackbone(m)
-    m = standin(seed=7, lora=False)
-    m.encoder.layers[0].self_attn.set_attention_mode = lambda *a, **k: None  # NLD's flex-attention class
-    with pytest.raises(NotImplementedError, match="4D mask"):
+    m = standin(seed=7, lora=False, dlm_paradigm="block_diff")  # NLD's flex-attention class: reads no mask
+    with pytest.raises(NotImplementedError, match="flex attention"):
+        NLDBackbone(m)
+    m.config.dlm_paradigm = "bidirectional"  # refused by what the layers are, whatever the config says now
+    with pytest.raises(NotImplementedError, match="NLDStandInFlexAttention"):
         NLDBackbone(m)
     m = standin(seed=7, lora=False)
     m.config.dlm_type = "dream"
