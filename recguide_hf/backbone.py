@@ -13,6 +13,7 @@ import torch
 
 from .attention import ROW_RUNS
 from .cache import RowCache
+from .compat import CACHE_KW
 from .draft_adapter import find_adapter, route
 
 
@@ -91,7 +92,7 @@ class Backbone:
 
     def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+                         use_cache=True, logits_to_keep=logits_to_keep, **{CACHE_KW: cache})
         return out.logits
 
 

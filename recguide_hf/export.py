@@ -57,7 +57,14 @@ def save_model_folder(model, tokenizer, directory: str | Path, **recguide_settin
     directory = Path(directory)
     model.config.auto_map = dict(AUTO_MAP)
     model.generation_config = default_generation_config(model.config, **recguide_settings)
-    model.save_pretrained(directory)
+    # Loading any folder with trust_remote_code registers the PACKAGE's classes for an auto class (the shims
+    # import them); save_pretrained would then copy recguide_hf/modeling.py into the folder as a twin and point
+    # auto_map at it (seen under transformers 5.0). The shims below are the folder's code: no copy.
+    model._auto_class = model.config._auto_class = None
+    try:
+        model.save_pretrained(directory)
+    finally:
+        del model._auto_class, model.config._auto_class
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     write_code_files(directory)

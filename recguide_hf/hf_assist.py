@@ -14,8 +14,10 @@ entropy, the signal the adaptive block-size policy reads (DESIGN 2.3).
 from __future__ import annotations
 
 import torch
-from transformers import GenerationMixin, LogitsProcessor
+from transformers import DynamicCache, GenerationMixin, LogitsProcessor
 from transformers.generation.candidate_generator import CandidateGenerator
+
+from .compat import CACHE_KW
 
 
 class SelfDraftCandidateGenerator(CandidateGenerator):
@@ -37,7 +39,14 @@ class SelfDraftCandidateGenerator(CandidateGenerator):
     def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, is_first_iteration=False, **kwargs):
         # input_ids: [1, T]; the target's cache holds all but the last token (the seed)
         num_drafts = min(self.block_size - 1, self.max_length - input_ids.shape[1] - 1)
-        cache = (model_kwargs or {}).get("cache")
+        if isinstance(model_kwargs, bool):  # transformers < 5.24: get_candidates(input_ids, is_first_iteration)
+            model_kwargs, is_first_iteration = None, model_kwargs
+        if model_kwargs is None and not is_first_iteration and num_drafts > 0 and input_ids.shape[1] > 1:
+            # that loop hands the generator no cache: encode the prefix (the seed excluded) here, causally
+            cache = DynamicCache()
+            self.model(input_ids=input_ids[:, :-1], use_cache=True, **{CACHE_KW: cache})
+        else:
+            cache = (model_kwargs or {}).get(CACHE_KW)
         if is_first_iteration or cache is None or num_drafts <= 0 or cache.get_seq_length() != input_ids.shape[1] - 1:
             return input_ids, None  # no prefix cache yet (prefill round): no candidates
         logits = self.model.draft_logits(input_ids[:, -1], cache, cache.get_seq_length(), num_drafts + 1)

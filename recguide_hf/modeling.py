@@ -8,8 +8,9 @@ position ids the caller passes:
   to itself; the logits at a MASK position predict the token AT that position (NLD / SDAR convention).
 
 The class adds nothing to the forward of `Qwen3ForCausalLM` (both `cache` and the pre-5.24 name
-`past_key_values` are accepted there, `logits_to_keep` is honoured, and any `Cache` subclass works since
-attention only calls `cache.update`); it carries `mask_token_id` and a default block size in its config.
+`past_key_values` are accepted, on every supported transformers version; `logits_to_keep` is honoured, and any
+`Cache` subclass works since attention only calls `cache.update`); it carries `mask_token_id` and a default
+block size in its config.
 A folder may carry a drafting adapter in `draft_lora/` (recguide_hf/draft_adapter.py): `from_pretrained`
 attaches it, disabled for plain forwards, so only the engine's draft tokens ever see it.
 """
@@ -22,6 +23,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import cached_file
 
+from .compat import CACHE_KW
 from .draft_adapter import ADAPTER_DIR, attach_draft_adapter
 
 
@@ -45,6 +47,12 @@ class RecGuideForCausalLM(Qwen3ForCausalLM):
     """A Qwen3 decoder trained for both next-token prediction and block drafting."""
 
     config_class = RecGuideConfig
+
+    if CACHE_KW == "past_key_values":  # transformers < 5.24: take the new name too, so every caller may use it
+        def forward(self, *args, cache=None, **kwargs):
+            if cache is not None:
+                kwargs["past_key_values"] = cache
+            return super().forward(*args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, draft_adapter: bool = True, **kwargs):

@@ -16,7 +16,9 @@ from recguide_hf.stopping import StopChecker
 
 
 def hf_greedy(model, ids, mask, **kw):
-    return model.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    if mask is not None:  # transformers 5.0's generate fails on an explicit attention_mask=None
+        kw["attention_mask"] = mask
+    return model.generate(ids, do_sample=False, **kw)
 
 
 @pytest.mark.parametrize("mode", ["linear", "recguide"])
