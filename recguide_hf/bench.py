@@ -139,7 +139,9 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
             # HF's own generate (what recguide_mode="ar" runs), also for models without the folder's custom generate
             out = GenerationMixin.generate(model, **enc, max_new_tokens=max_new, do_sample=False, **kw)
             lat = time.perf_counter() - t0
-            for row in out[:, enc["input_ids"].shape[1]:].tolist():
+            # [:max_new]: transformers 5.0's prompt lookup returns up to a few tokens past max_new_tokens (its
+            # first max_new equal greedy's); later versions stop there, and no method is credited extra tokens
+            for row in out[:, enc["input_ids"].shape[1]:][:, :max_new].tolist():
                 ids = _strip(row, pad, eos)
                 records.append({"new_ids": ids, "new_tokens": len(ids), "latency": lat})
     finally:
