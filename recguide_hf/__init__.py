@@ -1,15 +1,37 @@
-"""recguide-hf: RecGuide self-speculative decoding for Hugging Face transformers."""
+"""recguide-hf: RecGuide self-speculative decoding for Hugging Face transformers.
 
-from transformers import AutoConfig, AutoModelForCausalLM
+The public names are imported on first use, so `import recguide_hf` (and the `recguide` command line, which
+checks its arguments before anything else) does not pay for torch and transformers up front. The model classes
+register themselves with `AutoConfig` / `AutoModelForCausalLM` when `recguide_hf.modeling` is first imported
+(any use of `RecGuideForCausalLM`, or loading a model folder with `trust_remote_code=True`).
+"""
 
-from .config import DecodingConfig
-from .generate import RecGuideGenerateOutput, generate
-from .modeling import RecGuideConfig, RecGuideForCausalLM
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
-AutoConfig.register("recguide", RecGuideConfig, exist_ok=True)
-AutoModelForCausalLM.register(RecGuideConfig, RecGuideForCausalLM, exist_ok=True)
+_EXPORTS = {"DecodingConfig": "config", "RecGuideConfig": "modeling", "RecGuideForCausalLM": "modeling",
+            "RecGuideGenerateOutput": "generate", "generate": "generate"}
+__all__ = [*_EXPORTS, "__version__"]
 
-__all__ = ["DecodingConfig", "RecGuideConfig", "RecGuideForCausalLM", "RecGuideGenerateOutput", "generate",
-           "__version__"]
+
+class _Package(types.ModuleType):
+    def __getattr__(self, name):
+        if name not in _EXPORTS:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        setattr(self, name, value)
+        return value
+
+    def __setattr__(self, name, value):
+        # importing the submodule `recguide_hf.generate` binds it as this attribute; the name is the function's
+        if name == "generate" and isinstance(value, types.ModuleType):
+            value = value.generate
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

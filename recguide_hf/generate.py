@@ -12,6 +12,7 @@ import atexit
 import copy
 import logging
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass
 
@@ -137,10 +138,17 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     return sequences
 
 
+def _say(message: str, *args):
+    """INFO on the `recguide_hf` logger (silent unless RECGUIDE_LOG_LEVEL or the application enables it); inside
+    an lm-evaluation-harness run also on a child of lm-eval's own logger, so its output says which decoding ran."""
+    logger.info(message, *args)
+    if "lm_eval" in sys.modules and not logger.isEnabledFor(logging.INFO):
+        logging.getLogger("lm_eval.recguide_hf").info(message, *args)
+
+
 class _RunLog:
-    """What this process decoded with RecGuide, for the `recguide_hf` logger (silent unless its level is INFO):
-    one line at the first `generate` call (so an lm-eval run shows RecGuide is in use) and one with the totals
-    at exit; DEBUG adds a line per call."""
+    """What this process decoded with RecGuide (`_say`): one line at the first `generate` call (so an lm-eval run
+    shows RecGuide is in use) and one with the totals at exit; DEBUG adds a line per call."""
 
     def __init__(self):
         self.calls, self.new_tokens, self.forwards, self.rounds, self.blocks = 0, 0, 0, 0, Counter()
@@ -154,15 +162,15 @@ class _RunLog:
         line = (f"mode={config.mode} block_size={config.block_size} TPF {summary['tpf']:.2f} tau {summary['tau']:.2f}"
                 f" block mix {dict(sorted(summary['block_sizes'].items()))} branches {summary['branches']}")
         if self.calls == 1:
-            logger.info("RecGuide decoding (first generate call): %s", line)
+            _say("RecGuide decoding (first generate call): %s", line)
             atexit.register(self.totals)
         else:
             logger.debug("RecGuide generate call %d: %s", self.calls, line)
 
     def totals(self):
-        logger.info("RecGuide totals over %d generate calls: %d new tokens, TPF %.2f, tau %.2f, block mix %s",
-                    self.calls, self.new_tokens, self.new_tokens / max(self.forwards, 1),
-                    self.new_tokens / max(self.rounds, 1), dict(sorted(self.blocks.items())))
+        _say("RecGuide totals over %d generate calls: %d new tokens, TPF %.2f, tau %.2f, block mix %s",
+             self.calls, self.new_tokens, self.new_tokens / max(self.forwards, 1),
+             self.new_tokens / max(self.rounds, 1), dict(sorted(self.blocks.items())))
 
 
 _RUN = _RunLog()

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import cached_file
 
 from .compat import CACHE_KW
@@ -114,3 +114,7 @@ def block_draft_mask(prefix_len: int, block_size: int, device=None) -> torch.Ten
     """
     allowed = torch.ones(1, 1, block_size, prefix_len + block_size, dtype=torch.bool, device=device)
     return additive_mask(allowed)
+
+
+AutoConfig.register("recguide", RecGuideConfig, exist_ok=True)
+AutoModelForCausalLM.register(RecGuideConfig, RecGuideForCausalLM, exist_ok=True)

@@ -123,3 +123,20 @@ def test_first_call_logs_one_info_line(folder, caplog):
         assert len(lines) == 1 and "RecGuide decoding (first generate call): mode=recguide block_size=5 TPF" in lines[0]
         gen_module._RUN.totals()  # what atexit prints
     assert "RecGuide totals over 2 generate calls" in caplog.records[-1].getMessage()
+
+
+def test_an_lm_eval_run_says_which_decoding_ran(folder, caplog, monkeypatch):
+    """With the `recguide_hf` logger left silent, a process that imported lm-eval gets the first-call line on
+    lm-eval's own logger (`lm_eval.recguide_hf`), which lm-eval prints at its default INFO level."""
+    import importlib
+    import logging
+    import sys
+
+    gen_module = importlib.import_module("recguide_hf.generate")
+    monkeypatch.setattr(gen_module, "_RUN", gen_module._RunLog())
+    monkeypatch.setitem(sys.modules, "lm_eval", sys.modules.get("lm_eval") or object())
+    monkeypatch.setattr(logging.getLogger("recguide_hf"), "level", logging.WARNING)
+    with caplog.at_level("INFO", logger="lm_eval.recguide_hf"):
+        stats_of(folder)
+    lines = [r.getMessage() for r in caplog.records if r.name == "lm_eval.recguide_hf"]
+    assert len(lines) == 1 and lines[0].startswith("RecGuide decoding (first generate call): mode=recguide")

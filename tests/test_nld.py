@@ -265,8 +265,22 @@ def test_model_folder_and_cli(tmp_path, capsys):
     assert with_lora["text"] == tok.decode(ref.sequences[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     assert with_lora["text"] == result["text"]  # lossless either way: the verifier runs the base weights
     assert with_lora["accepted_drafts"] == ref.recguide_stats["accepted_drafts"]
-    with pytest.raises(SystemExit, match="not found"):
+    with pytest.raises(SystemExit) as stop:
         main(["generate", "--model", str(path), "--adapter", str(tmp_path / "missing"), "--prompt", "x"])
+    assert stop.value.code == 2 and "argument --adapter" in capsys.readouterr().err
+    # a folder without a tokenizer (as NLD's model files alone): it says so, and token ids in, token ids out
+    import shutil
+
+    bare = tmp_path / "no_tokenizer"
+    shutil.copytree(path, bare, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens_map.json"))
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--model", str(bare), "--prompt", "def f(x):"])
+    assert stop.value.code == 2 and "--prompt-ids" in capsys.readouterr().err
+    ids = tok("def f(x):")["input_ids"]
+    assert main(["generate", "--model", str(bare), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens",
+                 "12", "--block-size", "4", "--json"]) == 0
+    from_ids = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert from_ids["text"] is None and from_ids["new_ids"] == result["new_ids"]
 
 
 def test_direct_path_refuses_what_it_cannot_do(model):
