@@ -256,8 +256,10 @@ def main():
         bench = json.loads((res / "bench.json").read_text())
         lines += ["The concurrency frontier of the bundled model on this project's 2-core CPU: every method in one "
                   "run, closed loop, greedy (per-request vs aggregate tokens/s, points labelled by concurrency C). "
-                  "Regenerate with `recguide bench` (add `--quick` for a 3-minute smoke run). These timings come "
-                  "from a shared 2-core machine: compare ratios within one table, not across runs.", "",
+                  "Regenerate with `recguide bench --out eval/results` (without `--out` it writes a fresh "
+                  "runs/bench-<time>/ folder and leaves these files alone; add `--quick` for a smoke run of about a "
+                  "minute). These timings come from a shared 2-core machine: compare ratios within one table, not "
+                  "across runs.", "",
                   "![frontier](eval/results/frontier.png)", "", settings_line(bench), "", fastest(bench), "",
                   (res / "bench.md").read_text().strip(), "",
                   "![TPF and tau](eval/results/tpf_tau.png)", "",

@@ -172,7 +172,7 @@ class NLDStandInEncoder(nn.Module):
             mask = create_causal_mask(config=self.config, input_embeds=hidden, attention_mask=attention_mask,
                                       cache_position=cache_position, past_key_values=past_key_values,
                                       position_ids=position_ids)
-        cos, sin = self.rotary(position_ids)
+        cos, sin = (t.to(hidden.dtype) for t in self.rotary(position_ids))
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, mask, cache_position, past_key_values, use_cache)
         # transformers' own output class, as 5.0's Ministral3Model returns it (5.24 maps the field to `cache`)
