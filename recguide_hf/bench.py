@@ -14,6 +14,7 @@ is compared token for token with `ar` at C = 1 (batch 1, fp32).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -34,6 +36,8 @@ from .engine import Engine, SamplingSettings
 METHODS = ("ar", "hf-lookup", "hf-assisted", "hf-assisted:num_assistant_tokens=8,assistant_confidence_threshold=0",
            "linear-2", "linear-4", "linear-8", "linear-16", "recguide", "recguide:block_sizes=8,16,32")
 BASES = ("ar", "hf-lookup", "hf-assisted", "linear", "recguide")
+# what a --virtual-costs run compares by default (the verifier's forwards are what the cost model prices)
+VIRTUAL_METHODS = ("ar", "linear-4", "linear-8", "linear-16", "linear-32", "recguide", "recguide:block_sizes=8,16,32")
 BATCH_ONE = ("hf-lookup", "hf-assisted")  # HF's assisted generation raises for batch > 1
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
@@ -85,6 +89,76 @@ def _engine_config(method: str, gen_config) -> DecodingConfig:
     return DecodingConfig.from_sources(None, **(settings | overrides))
 
 
+class VirtualCosts:
+    """A simulation's clock (`recguide bench --virtual-costs FILE`): the real engine runs and decides as it would
+    (acceptance, branches, block sizes), but every forward is charged a cost model's seconds for its token count
+    (rows x query width) instead of the time it took here, and nothing else costs time. The file holds published
+    round times and how the curve is filled from them (eval/costs/nld8b_b200.json); `cost_table` gives the
+    policy the same prices, so it plans for that hardware."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        spec = json.loads(self.path.read_text())
+        self.name = spec["name"]
+        # one point per published cell: a round is a draft and a verify forward over C x B tokens, half each
+        self.points = sorted((int(c) * int(b), ms / 2 / 1000) for c, per_b in spec["published_round_ms"].items()
+                             for b, ms in per_b.items())
+        self.now = 0.0
+
+    def seconds(self, tokens: int) -> float:
+        """The cost of one forward over `tokens` tokens: linear between points, flat below, last slope above."""
+        pts = self.points
+        if tokens <= pts[0][0]:
+            return pts[0][1]
+        for (n0, t0), (n1, t1) in zip(pts, pts[1:]):
+            if tokens <= n1:
+                return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        (n0, t0), (n1, t1) = pts[-2], pts[-1]
+        return t1 + (t1 - t0) * (tokens - n1) / (n1 - n0)
+
+    def charge(self, tokens: int) -> None:
+        self.now += self.seconds(tokens)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def cost_table(self, concurrencies=(1, 2, 4, 8, 16, 32, 64, 128), blocks=(1, 2, 4, 8, 16, 32, 64)) -> dict:
+        """The curve as a `recguide profile` table: draft and verify (0 to 3 branch segments of B tokens per row)."""
+        costs = {str(c): {str(b): {"draft": 0.0 if b == 1 else self.seconds(c * b),
+                                   "verify": [self.seconds(c * b * (1 + (s if b > 1 else 0))) for s in range(4)],
+                                   "host": 0.0} for b in blocks} for c in concurrencies}
+        return {"costs": costs, "virtual": self.name, "source_file": str(self.path)}
+
+    @contextlib.contextmanager
+    def charging(self, backbone=None, hf_model=None):
+        """While inside: the engine module reads this clock, and every forward of `backbone` (engine) or of
+        `hf_model` (HF generate) is charged by its tokens."""
+        from . import engine as engine_module
+
+        saved_time, handle = engine_module.time, None
+        engine_module.time = types.SimpleNamespace(perf_counter=self.perf_counter)
+        if backbone is not None:
+            forward = backbone.forward
+
+            def charged(input_ids, *args, **kwargs):
+                self.charge(input_ids.numel())
+                return forward(input_ids, *args, **kwargs)
+
+            backbone.forward = charged
+        if hf_model is not None:
+            handle = hf_model.register_forward_pre_hook(
+                lambda module, args, kwargs: self.charge(kwargs["input_ids"].numel() if kwargs.get("input_ids")
+                                                         is not None else args[0].numel()), with_kwargs=True)
+        try:
+            yield self
+        finally:
+            engine_module.time = saved_time
+            if backbone is not None:
+                del backbone.forward
+            if handle is not None:
+                handle.remove()
+
+
 def _strip(ids: list[int], pad: int, eos: list[int]) -> list[int]:
     """New tokens up to and including the first EOS."""
     out = []
@@ -112,9 +186,21 @@ class ForwardCounter:
             self.handle.remove()
 
 
-def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str = "ar", assistant=None) -> dict:
+def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str = "ar", assistant=None,
+           virtual: VirtualCosts | None = None) -> dict:
     """Plain HF generate, prompt lookup or assisted generation, in static batches of c; per-request latency =
-    its batch's time. Assisted methods also count verifier forwards (prefill excluded) and draft forwards."""
+    its batch's time. Assisted methods also count verifier forwards (prefill excluded) and draft forwards.
+    With `virtual` (plain `ar` only), times are the cost model's charges for the forwards HF ran."""
+    if virtual is not None:
+        if parse_method(method)[0] != "ar":
+            raise ValueError(f"{method} has no virtual cost model (its draft model's forwards are not priced)")
+        virtual.now = 0.0
+        with virtual.charging(hf_model=model):
+            return _run_hf(model, tokenizer, prompts, c, max_new, method, assistant, clock=virtual.perf_counter)
+    return _run_hf(model, tokenizer, prompts, c, max_new, method, assistant)
+
+
+def _run_hf(model, tokenizer, prompts, c, max_new, method, assistant, clock=time.perf_counter) -> dict:
     base, overrides = parse_method(method)
     pad = tokenizer.pad_token_id
     eos = [model.generation_config.eos_token_id]
@@ -131,14 +217,14 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
         assistant.generation_config.update(**{k: _number(v) for k, v in overrides.items()})
     verifier, drafter = ForwardCounter(model if base in BATCH_ONE else None), ForwardCounter(kw.get("assistant_model"))
     records = []
-    start = time.perf_counter()
+    start = clock()
     try:
         for i in range(0, len(prompts), c):
             enc = tokenizer(prompts[i:i + c], return_tensors="pt", padding=True)
-            t0 = time.perf_counter()
+            t0 = clock()
             # HF's own generate (what recguide_mode="ar" runs), also for models without the folder's custom generate
             out = GenerationMixin.generate(model, **enc, max_new_tokens=max_new, do_sample=False, **kw)
-            lat = time.perf_counter() - t0
+            lat = clock() - t0
             # [:max_new]: transformers 5.0's prompt lookup returns up to a few tokens past max_new_tokens (its
             # first max_new equal greedy's); later versions stop there, and no method is credited extra tokens
             for row in out[:, enc["input_ids"].shape[1]:][:, :max_new].tolist():
@@ -149,7 +235,7 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
         drafter.remove()
         if saved is not None:
             assistant.generation_config = saved
-    wall = time.perf_counter() - start
+    wall = clock() - start
     counts = None
     if base in BATCH_ONE:  # one prefill per generate call; every later verifier call verifies one round
         counts = {"verifier_forwards": verifier.calls - len(records), "draft_forwards": drafter.calls}
@@ -165,19 +251,29 @@ def _number(value: str):
     return value
 
 
-def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str | DecodingConfig) -> dict:
+def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str | DecodingConfig,
+               virtual: VirtualCosts | None = None, virtual_table: str | None = None) -> dict:
     """One closed-loop run of C slots; `method` is a bench method name or a `DecodingConfig`. The result keeps the
-    engine (its policy's observations, e.g. branch segments per row)."""
+    engine (its policy's observations, e.g. branch segments per row). With `virtual`, the engine's clock is the
+    cost model's and recguide plans with `virtual_table` (`VirtualCosts.cost_table`, written to a file)."""
     gen_config = model.generation_config
     config = method if isinstance(method, DecodingConfig) else _engine_config(method, gen_config)
+    if virtual is not None and config.mode == "recguide":
+        config = dataclasses.replace(config, cost_table=virtual_table)
     eos = gen_config.eos_token_id
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
                                 pad_token_id=tokenizer.pad_token_id)
     engine = Engine(as_backbone(model), config, settings, base_dir=getattr(model.config, "_name_or_path", None))
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    start = time.perf_counter()
-    records = engine.serve(ids, slots=c)
-    wall = time.perf_counter() - start
+    if virtual is not None:
+        virtual.now = 0.0
+        with virtual.charging(backbone=engine.backbone):
+            records = engine.serve(ids, slots=c)
+        wall = virtual.now
+    else:
+        start = time.perf_counter()
+        records = engine.serve(ids, slots=c)
+        wall = time.perf_counter() - start
     return {"records": records, "wall": wall, "engine": engine,
             "engine_stats": {"forwards": engine.stats.total_forwards, "query_tokens": engine.stats.total_query_tokens}}
 
@@ -253,11 +349,12 @@ def save_run(path: Path | None, payload: dict) -> dict:
 
 def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(1, 2, 4, 8, 16, 32, 64),
           max_new_tokens: int = 64, repeats: int = 3, prompts_per_slot: int = 2, min_prompts: int = 48,
-          progress=None, plain_model=None, assistant=None) -> dict:
+          progress=None, plain_model=None, assistant=None, virtual: VirtualCosts | None = None,
+          virtual_table: str | None = None) -> dict:
     """Run every (repeat, C, method), interleaved; return per (method, C) medians and the raw runs.
 
     `plain_model`: the verifier alone, for the HF methods and the reference outputs (default: `model`);
-    `assistant`: the draft model of `hf-assisted`."""
+    `assistant`: the draft model of `hf-assisted`; `virtual` / `virtual_table`: a simulation (`VirtualCosts`)."""
     plain = plain_model if plain_model is not None else model
     for m in methods:
         parse_method(m)
@@ -279,9 +376,9 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
                 if progress is not None:
                     progress.set_description(f"repeat {rep + 1}/{repeats} C={c} {m}")
                 if parse_method(m)[0] in ("ar", *BATCH_ONE):
-                    run = run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m, assistant)
+                    run = run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m, assistant, virtual)
                 else:
-                    run = run_engine(model, tokenizer, prompts[:n], c, max_new_tokens, m)
+                    run = run_engine(model, tokenizer, prompts[:n], c, max_new_tokens, m, virtual, virtual_table)
                 raw.setdefault((m, c), []).append(summarize(run, reference))
                 if progress is not None:
                     progress.update(1)
@@ -298,9 +395,11 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
         row["equal_to_ar"] = all(r.get("equal_to_ar", True) for r in runs)
         rows.append(row)
     rows.sort(key=lambda r: (_order_key(r["method"]), r["concurrency"]))
-    return {"rows": rows, "settings": {"methods": list(methods), "concurrencies": list(concurrencies),
-                                       "max_new_tokens": max_new_tokens, "repeats": repeats,
-                                       "num_prompts": n_max}}
+    settings = {"methods": list(methods), "concurrencies": list(concurrencies), "max_new_tokens": max_new_tokens,
+                "repeats": repeats, "num_prompts": n_max}
+    if virtual is not None:
+        settings["virtual_costs"] = {"name": virtual.name, "file": str(virtual.path)}
+    return {"rows": rows, "settings": settings}
 
 
 def markdown_table(result: dict) -> str:

@@ -231,7 +231,17 @@ def cmd_calibrate(args) -> int:
 def cmd_bench(args) -> int:
     from tqdm import tqdm
 
-    from .bench import BATCH_ONE, METHODS, bench, environment, markdown_table, parse_method, write_outputs
+    from .bench import (
+        BATCH_ONE,
+        METHODS,
+        VIRTUAL_METHODS,
+        VirtualCosts,
+        bench,
+        environment,
+        markdown_table,
+        parse_method,
+        write_outputs,
+    )
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
     from prompts import load_mixed
@@ -242,6 +252,19 @@ def cmd_bench(args) -> int:
         args.concurrency, args.max_new_tokens, args.repeats = [1, 4], 32, 1
         args.prompts_per_slot, args.min_prompts = 1, 4
         args.methods = args.methods or ["ar", "hf-lookup", "hf-assisted", "linear-4", "linear-16", "recguide"]
+    virtual = virtual_table = None
+    if args.virtual_costs:
+        virtual = VirtualCosts(args.virtual_costs)
+        methods = args.methods or list(VIRTUAL_METHODS)
+        dropped = [m for m in methods if parse_method(m)[0] in BATCH_ONE]
+        if dropped:
+            print(f"--virtual-costs prices the verifier's forwards only: {dropped} left out")
+        args.methods = [m for m in methods if m not in dropped]
+        out.mkdir(parents=True, exist_ok=True)
+        virtual_table = out / "virtual_cost_table.json"
+        virtual_table.write_text(json.dumps(virtual.cost_table(), indent=1) + "\n")
+        print(f"simulation: every forward charged by {virtual.path} ({virtual.name}); recguide plans with "
+              f"{virtual_table}")
     tokenizer, model = load(args.model, "fp32", args.device)
     plain = None
     if getattr(model, "peft_config", None) or any("lora_" in n for n, _ in model.named_parameters()):
@@ -263,7 +286,8 @@ def cmd_bench(args) -> int:
                                for c in args.concurrency)
     with tqdm(total=steps, desc="bench") as bar:
         result = bench(model, tokenizer, prompts, methods, args.concurrency, args.max_new_tokens, args.repeats,
-                       args.prompts_per_slot, args.min_prompts, bar, plain_model=plain, assistant=assistant)
+                       args.prompts_per_slot, args.min_prompts, bar, plain_model=plain, assistant=assistant,
+                       virtual=virtual, virtual_table=str(virtual_table) if virtual_table else None)
     result["environment"] = environment(args.command_line)
     files = write_outputs(result, out)
     print(markdown_table(result))
@@ -346,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for bench.json, bench.md and the plots (default: a fresh runs/bench-<time>/; "
                         "the committed results the README shows are regenerated with --out eval/results)")
     b.add_argument("--device", default="cpu")
+    b.add_argument("--virtual-costs", default=None, metavar="FILE",
+                   help="a simulation: run the real engine but charge every forward a cost model's time for its "
+                        "tokens (e.g. eval/costs/nld8b_b200.json: NLD-8B on a B200, from published figures); "
+                        "recguide plans with the same prices. Timings are then the model's, not this machine's")
     b.set_defaults(func=cmd_bench)
     return parser
 

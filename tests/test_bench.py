@@ -117,3 +117,40 @@ def test_branch_check_break_even_reading():
            "same_output": True, "hit_rates": {"correction_1": 0.15, "correction_2": 0.1, "continuation": 0.05}}
     line = markdown({"results": [row]}).splitlines()[-1]
     assert line.startswith("| 1 | 8 | 15% / 10% / 5% | 2.0 | 30% | 80% (20%) | 8.0 (6.0) | 10.0 | x0.80 | yes |")
+
+
+def test_virtual_costs_curve_and_clock(tmp_path):
+    """`--virtual-costs`: each published round gives one point (C x B tokens, half the round per forward); the
+    curve is linear between points, flat below, last slope above; a run's time is exactly the sum of the charges
+    of the forwards the engine ran, and recguide plans with the same prices."""
+    from conftest import random_prompts, tiny_model
+
+    from recguide_hf.bench import VirtualCosts, run_engine
+    from recguide_hf.profile import CostTable
+
+    spec = tmp_path / "costs.json"
+    rounds = {"1": {"8": 10.0}, "4": {"8": 20.0, "16": 60.0}}
+    spec.write_text(json.dumps({"name": "test", "published_round_ms": rounds}))
+    v = VirtualCosts(spec)
+    assert v.points == [(8, 0.005), (32, 0.01), (64, 0.03)]
+    assert v.seconds(1) == 0.005 and v.seconds(20) == pytest.approx(0.0075) and v.seconds(96) == pytest.approx(0.05)
+    table = CostTable(v.cost_table(concurrencies=(1, 4), blocks=(1, 8)))
+    assert table.draft(4, 8) == pytest.approx(0.01) and table.verify(4, 8, 1) == pytest.approx(0.03)
+    assert table.draft(1, 1) == 0 and table.verify(1, 1, 3) == v.seconds(1)  # a plain step carries no branches
+
+    class Tokenizer:
+        pad_token_id = 2
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [int(t) for t in text.split()]}
+
+    model = tiny_model(seed=2)
+    prompts = [" ".join(map(str, p)) for p in random_prompts(4, 96, min_len=3, max_len=9, seed=1)]
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: seen.append(k["input_ids"].numel()), with_kwargs=True)
+    try:
+        run = run_engine(model, Tokenizer(), prompts, 2, 8, "linear-4", virtual=v)
+    finally:
+        hook.remove()
+    assert seen and run["wall"] == pytest.approx(sum(v.seconds(n) for n in seen))
+    assert all(0 < r["latency"] <= run["wall"] for r in run["records"])
