@@ -2,7 +2,8 @@
 
     python eval/update_readme.py
 
-Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/round_profile*.json, serve_profile*.json,
+Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/virtual_b200/bench.json (the simulation under
+a GPU cost table), eval/results/round_profile*.json, serve_profile*.json,
 engine.json, model_cards/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and
 rewrites the text between the results markers, the speed sentence of the introduction (between the speed
 markers), the round-time, serving-time and branch tables of "How it works" (between the round, serve and branches
@@ -247,6 +248,47 @@ def engine_section(path: Path) -> list[str]:
     return out
 
 
+def virtual_section(path: Path) -> list[str]:
+    """`recguide bench --virtual-costs`: RecGuide against plain AR and the best fixed LinearSS under a GPU cost
+    table, labelled as the simulation it is."""
+    from recguide_hf.bench import parse_method
+
+    bench = json.loads(path.read_text())
+    virtual = bench["settings"]["virtual_costs"]
+    by = {(r["method"], r["concurrency"]): r for r in bench["rows"]}
+    cs = sorted(c for m, c in by if m == "recguide")
+    lines = ["| C | ar tok/s | best fixed LinearSS | its tok/s | recguide tok/s | recguide / best fixed | "
+             "recguide / ar | recguide block mix | branch coverage | = AR |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    ratios = {}
+    for c in cs:
+        rg = by[("recguide", c)]
+        fixed = max((r for (m, cc), r in by.items() if cc == c and parse_method(m)[0] == "linear"),
+                    key=lambda r: r["aggregate_tps"])
+        ar = by.get(("ar", c))
+        ratios[c] = rg["aggregate_tps"] / fixed["aggregate_tps"]
+        same = all(r["equal_to_ar"] for (m, cc), r in by.items() if cc == c)
+        mix = ", ".join(f"B={b}: {v:.0%}" for b, v in rg["block_mix"].items() if v >= 0.005)
+        lines.append(f"| {c} | {ar['aggregate_tps']:.0f} | {fixed['method']} | {fixed['aggregate_tps']:.0f} | "
+                     f"{rg['aggregate_tps']:.0f} | x{ratios[c]:.2f} | "
+                     + (f"x{rg['aggregate_tps'] / ar['aggregate_tps']:.2f}" if ar else "-")
+                     + f" | {mix} | {rg['coverage']:.0%} | {'yes' if same else 'NO'} |")
+    rest = [c for c in cs if c > 1]
+    mean = sum(ratios[c] for c in rest) / len(rest) if rest else None
+    env = bench["environment"]
+    summary = (f"RecGuide against the best fixed-block LinearSS: x{ratios[1]:.2f} at C = 1" if 1 in ratios else "")
+    if mean is not None:
+        summary += f", mean x{mean:.2f} over C = {rest[0]}..{rest[-1]}"
+    return ["### Under a GPU cost table (a simulation)", "",
+            f"**This is a simulation, not a GPU measurement.** `{env['command']}` (commit {env['git_commit']}) runs "
+            "the real engine on the bundled model here, with its real decisions (acceptance, branches, block sizes "
+            f"per request and round), but charges every forward the time a cost model gives for its token count: "
+            f"{virtual['name']} (`{virtual['file']}`: the published round times and how the missing cells were "
+            "filled), and recguide plans with those prices. Nothing but the forwards costs time. Acceptance is the "
+            "12M bundled model's, not NLD-8B's. Outputs are deterministic (greedy), so one repeat is exact.", "",
+            *lines, "", summary + ".", ""]
+
+
 def main():
     readme = ROOT / "README.md"
     text = readme.read_text()
@@ -265,6 +307,9 @@ def main():
                   "![TPF and tau](eval/results/tpf_tau.png)", "",
                   "The peers in that table, and what each costs beyond the verifier (12M parameters):", "",
                   *peers_table(), ""]
+    virtual = res / "virtual_b200" / "bench.json"
+    if virtual.exists():
+        lines += virtual_section(virtual)
     rho = res / "rho" / "bench.json"
     if rho.exists():
         from recguide_hf.bench import markdown_table
