@@ -1,6 +1,10 @@
 """`recguide bench`: the concurrency frontier, measured with every method in the same run.
 
-Methods: `ar` (plain HF greedy `generate`, static batches of C), `hf-lookup` (HF assisted generation with
+Methods: `ar` (plain HF greedy `generate`, static batches of C), HF's fast paths `ar-static` (static cache),
+`ar-compile` (static cache + HF's own compiled forward, `CompileConfig`, as `generate` does by itself on CUDA; an
+untimed first pass over the same requests compiles every shape, its time reported as the row's `warmup_s`) and
+`hf-cb` (HF continuous batching, `generate_batch` with at most C requests at once: a closed loop, C > 1 only; its
+manager's start-up is `setup_s`, outside the timing), `hf-lookup` (HF assisted generation with
 prompt lookup) and `hf-assisted` (HF assisted generation with a small AR draft model, `assistant_model=`,
 HF's default schedule; `hf-assisted:num_assistant_tokens=4,assistant_confidence_threshold=0` for a fixed
 one): both batch 1 only, so C = 1 only; `linear-N` (LinearSS, fixed B = N) and `recguide` (auto block
@@ -33,9 +37,12 @@ from .backbone import as_backbone
 from .config import DecodingConfig
 from .engine import Engine, SamplingSettings
 
-METHODS = ("ar", "hf-lookup", "hf-assisted", "hf-assisted:num_assistant_tokens=8,assistant_confidence_threshold=0",
+METHODS = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted",
+           "hf-assisted:num_assistant_tokens=8,assistant_confidence_threshold=0",
            "linear-2", "linear-4", "linear-8", "linear-16", "recguide", "recguide:block_sizes=8,16,32")
-BASES = ("ar", "hf-lookup", "hf-assisted", "linear", "recguide")
+BASES = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted", "linear", "recguide")
+HF_METHODS = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted")  # HF's own decoding
+MANY_ONLY = ("hf-cb",)  # continuous batching: a closed loop of C > 1 requests (C = 1 is plain decoding)
 # what a --virtual-costs run compares by default (the verifier's forwards are what the cost model prices)
 VIRTUAL_METHODS = ("ar", "linear-4", "linear-8", "linear-16", "linear-32", "recguide", "recguide:block_sizes=8,16,32")
 BATCH_ONE = ("hf-lookup", "hf-assisted")  # HF's assisted generation raises for batch > 1
@@ -53,8 +60,8 @@ def parse_method(method: str) -> tuple[str, dict[str, str]]:
     head, _, rest = method.partition(":")
     base = "linear" if head.startswith("linear-") and head[7:].isdigit() else head
     if base not in BASES:
-        raise ValueError(f"unknown method {method!r}; choose from ar, hf-lookup, hf-assisted, linear-N, recguide "
-                         "(recguide and hf-assisted also as NAME:key=value,...)")
+        raise ValueError(f"unknown method {method!r}; choose from ar, ar-static, ar-compile, hf-cb, hf-lookup, "
+                         "hf-assisted, linear-N, recguide (recguide and hf-assisted also as NAME:key=value,...)")
     overrides: dict[str, str] = {"recguide_block_size": head[7:]} if base == "linear" else {}
     key = None
     for item in filter(None, rest.split(",")):
@@ -69,6 +76,22 @@ def parse_method(method: str) -> tuple[str, dict[str, str]]:
         key = f"recguide_{name.strip()}" if base == "recguide" else name.strip()
         overrides[key] = value.strip()
     return base, overrides
+
+
+def runs_at(method: str, c: int) -> bool:
+    """Whether a method runs at concurrency c (assisted generation only at 1, continuous batching only above)."""
+    base = parse_method(method)[0]
+    return not ((base in BATCH_ONE and c != 1) or (base in MANY_ONLY and c == 1))
+
+
+def compile_config():
+    """HF's own automatic compilation of the decoding forward (what `generate` does by itself on CUDA with a
+    static cache), switched on for every device."""
+    from transformers import CompileConfig
+
+    config = CompileConfig()
+    config._compile_all_devices = True  # HF's switch: compile on CPU too, not only on CUDA / XPU
+    return config
 
 
 def _order_key(method: str):
@@ -202,10 +225,16 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
 
 def _run_hf(model, tokenizer, prompts, c, max_new, method, assistant, clock=time.perf_counter) -> dict:
     base, overrides = parse_method(method)
+    if base == "hf-cb":
+        return _run_cb(model, tokenizer, prompts, c, max_new)
     pad = tokenizer.pad_token_id
     eos = [model.generation_config.eos_token_id]
     kw = {}
-    if base == "hf-lookup":
+    if base == "ar-static":
+        kw = dict(cache_implementation="static")
+    elif base == "ar-compile":
+        kw = dict(cache_implementation="static", compile_config=compile_config())
+    elif base == "hf-lookup":
         kw = dict(prompt_lookup_num_tokens=10)
     elif base == "hf-assisted":
         if assistant is None:
@@ -240,6 +269,35 @@ def _run_hf(model, tokenizer, prompts, c, max_new, method, assistant, clock=time
     if base in BATCH_ONE:  # one prefill per generate call; every later verifier call verifies one round
         counts = {"verifier_forwards": verifier.calls - len(records), "draft_forwards": drafter.calls}
     return {"records": records, "wall": wall, "engine_stats": None, "hf_counts": counts}
+
+
+def _run_cb(model, tokenizer, prompts: list[str], c: int, max_new: int) -> dict:
+    """HF's continuous batching (`generate_batch`), at most c requests decoding at once (a closed loop of c). Each
+    request's latency runs from its admission to its end, as the engine's does; `wall` spans the first admission
+    to the last end, and the manager's start-up before it (cache allocation, warm-up) is `setup_s`, outside."""
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    except ImportError as err:
+        raise ValueError("hf-cb needs a transformers with ContinuousBatchingConfig (5.24 has it, 5.0 not)") from err
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    gen = copy.deepcopy(model.generation_config)
+    gen.update(max_new_tokens=max_new, do_sample=False)
+    pages = -(-(max(map(len, ids)) + max_new) // 256) + 1  # 256-token pages per request, one spare
+    config = ContinuousBatchingConfig(max_requests_per_batch=c, num_blocks=c * pages)
+    start = time.perf_counter()
+    out = model.generate_batch(inputs=ids, generation_config=gen, continuous_batching_config=config)
+    total = time.perf_counter() - start
+    results = sorted(out.values(), key=lambda o: int(o.request_id.rsplit("_", 1)[-1]))
+    if len(results) != len(ids) or any(o.error for o in results):
+        raise RuntimeError(f"continuous batching returned {len(results)} of {len(ids)} requests, errors: "
+                           f"{[o.error for o in results if o.error]}")
+    eos = [model.generation_config.eos_token_id]
+    records = [{"new_ids": _strip(o.generated_tokens[:max_new], tokenizer.pad_token_id, eos),
+                "latency": o.lifespan[1] - o.lifespan[0]} for o in results]
+    for r in records:
+        r["new_tokens"] = len(r["new_ids"])
+    wall = max(o.lifespan[1] for o in results) - min(o.lifespan[0] for o in results)
+    return {"records": records, "wall": wall, "engine_stats": None, "hf_counts": None, "setup_s": total - wall}
 
 
 def _number(value: str):
@@ -311,6 +369,8 @@ def summarize(run: dict, reference: dict[int, list[int]] | None) -> dict:
         out["branch_round_share"] = branch_rounds / rounds if rounds else 0.0
     if reference is not None:
         out["equal_to_ar"] = all(r["new_ids"] == reference[i] for i, r in enumerate(recs))
+    if "setup_s" in run:
+        out["setup_s"] = run["setup_s"]
     return out
 
 
@@ -359,6 +419,7 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
     for m in methods:
         parse_method(m)
     raw: dict[tuple[str, int], list[dict]] = {}
+    warmup: dict[tuple[str, int], float] = {}  # ar-compile: seconds of the untimed first pass at each C
     reference: dict[int, list[int]] = {}
     n_max = min(len(prompts), max(max(concurrencies) * prompts_per_slot, min_prompts))
     # reference outputs: plain HF greedy at batch 1 (untimed), one per prompt
@@ -370,12 +431,16 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
     for rep in range(repeats):
         for c in concurrencies:
             n = min(len(prompts), max(c * prompts_per_slot, min_prompts))
-            order = [m for m in methods if not (parse_method(m)[0] in BATCH_ONE and c != 1)]
+            order = [m for m in methods if runs_at(m, c)]
             order = order[rep % len(order):] + order[:rep % len(order)]
             for m in order:
                 if progress is not None:
                     progress.set_description(f"repeat {rep + 1}/{repeats} C={c} {m}")
-                if parse_method(m)[0] in ("ar", *BATCH_ONE):
+                if parse_method(m)[0] == "ar-compile" and (m, c) not in warmup:
+                    # compiling is excluded from the timing: one untimed pass over the same requests first
+                    # (every shape they need gets compiled), its time reported beside the row
+                    warmup[(m, c)] = run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m)["wall"]
+                if parse_method(m)[0] in HF_METHODS:
                     run = run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m, assistant, virtual)
                 else:
                     run = run_engine(model, tokenizer, prompts[:n], c, max_new_tokens, m, virtual, virtual_table)
@@ -393,6 +458,8 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
             if key not in row:
                 row[key] = value
         row["equal_to_ar"] = all(r.get("equal_to_ar", True) for r in runs)
+        if (m, c) in warmup:
+            row["warmup_s"] = warmup[(m, c)]
         rows.append(row)
     rows.sort(key=lambda r: (_order_key(r["method"]), r["concurrency"]))
     settings = {"methods": list(methods), "concurrencies": list(concurrencies), "max_new_tokens": max_new_tokens,
@@ -403,15 +470,22 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
 
 
 def markdown_table(result: dict) -> str:
-    lines = ["| method | C | aggregate tok/s | per-request tok/s | TPF | tau | block mix | coverage | = AR |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    warm = any("warmup_s" in r or "setup_s" in r for r in result["rows"])
+    lines = ["| method | C | aggregate tok/s | per-request tok/s | TPF | tau | block mix | coverage | = AR |"
+             + (" excluded s |" if warm else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" if warm else "")]
     for r in result["rows"]:
         mix = ", ".join(f"{b}:{v:.0%}" for b, v in r.get("block_mix", {}).items()) or "-"
         tpf = f"{r['tpf']:.2f}" if "tpf" in r else "-"
         tau = f"{r['tau']:.2f}" if "tau" in r else "-"
         cov = f"{r['coverage']:.0%}" if "coverage" in r else "-"
+        excluded = r.get("warmup_s", r.get("setup_s"))
         lines.append(f"| {r['method']} | {r['concurrency']} | {r['aggregate_tps']:.1f} | {r['per_request_tps']:.1f} "
-                     f"| {tpf} | {tau} | {mix} | {cov} | {'yes' if r['equal_to_ar'] else 'NO'} |")
+                     f"| {tpf} | {tau} | {mix} | {cov} | {'yes' if r['equal_to_ar'] else 'NO'} |"
+                     + ((f" {excluded:.1f} |" if excluded is not None else " - |") if warm else ""))
+    if warm:
+        lines += ["", "excluded s: what the timing leaves out, ar-compile's warm-up (an untimed first pass over the "
+                  "same requests, compiling every shape they need) and hf-cb's start-up (its manager's cache "
+                  "allocation and warm-up before the first request is admitted)."]
     return "\n".join(lines)
 
 

@@ -240,6 +240,7 @@ def cmd_bench(args) -> int:
         environment,
         markdown_table,
         parse_method,
+        runs_at,
         write_outputs,
     )
 
@@ -282,8 +283,7 @@ def cmd_bench(args) -> int:
         print(f"no draft model at {args.assistant}: hf-assisted left out")
     n = max(max(args.concurrency) * args.prompts_per_slot, args.min_prompts)
     prompts = load_mixed((n + 1) // 2)
-    steps = args.repeats * sum(len([m for m in methods if not (parse_method(m)[0] in BATCH_ONE and c != 1)])
-                               for c in args.concurrency)
+    steps = args.repeats * sum(len([m for m in methods if runs_at(m, c)]) for c in args.concurrency)
     with tqdm(total=steps, desc="bench") as bar:
         result = bench(model, tokenizer, prompts, methods, args.concurrency, args.max_new_tokens, args.repeats,
                        args.prompts_per_slot, args.min_prompts, bar, plain_model=plain, assistant=assistant,

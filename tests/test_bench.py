@@ -154,3 +154,54 @@ def test_virtual_costs_curve_and_clock(tmp_path):
         hook.remove()
     assert seen and run["wall"] == pytest.approx(sum(v.seconds(n) for n in seen))
     assert all(0 < r["latency"] <= run["wall"] for r in run["records"])
+
+
+class _Tokens:
+    """Text "5 17 23" <-> ids, left padding (what run_hf and run_engine need of a tokenizer)."""
+
+    pad_token_id = 2
+
+    def __call__(self, text, return_tensors=None, padding=False, add_special_tokens=True):
+        import torch
+
+        if isinstance(text, str):
+            return {"input_ids": [int(t) for t in text.split()]}
+        ids = [[int(t) for t in s.split()] for s in text]
+        width = max(map(len, ids))
+        return {"input_ids": torch.tensor([[self.pad_token_id] * (width - len(r)) + r for r in ids]),
+                "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])}
+
+
+def test_hf_fast_paths_equal_plain_greedy(monkeypatch):
+    """The bench's HF peers: static cache, static cache + HF's own compiled forward (here with the `eager` backend,
+    which runs HF's compile path without minutes of inductor code generation) and continuous batching give plain
+    HF greedy's tokens; ar-compile's warm-up and hf-cb's start-up are reported beside their rows."""
+    from conftest import random_prompts, tiny_model
+    from transformers import CompileConfig
+
+    from recguide_hf import bench as bench_module
+
+    model = tiny_model(seed=4)
+    prompts = [" ".join(map(str, p)) for p in random_prompts(5, 96, min_len=3, max_len=9, seed=2)]
+    ref = bench_module.run_hf(model, _Tokens(), prompts, 1, 10, "ar")
+    eager = CompileConfig(backend="eager")
+    eager._compile_all_devices = True
+    monkeypatch.setattr(bench_module, "compile_config", lambda: eager)
+    methods = ["ar-static", "ar-compile"]
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: F401
+        methods.append("hf-cb")
+    except ImportError:  # transformers 5.0: no such config (the bench says so if asked for hf-cb)
+        pass
+    for method in methods:
+        for c in (1, 3):
+            if not bench_module.runs_at(method, c):
+                continue
+            run = bench_module.run_hf(model, _Tokens(), prompts, c, 10, method)
+            assert [r["new_ids"] for r in run["records"]] == [r["new_ids"] for r in ref["records"]], (method, c)
+    result = bench_module.bench(model, _Tokens(), prompts, methods=["ar", *methods], concurrencies=(1, 3),
+                                max_new_tokens=6, repeats=1, prompts_per_slot=1, min_prompts=3)
+    rows = {(r["method"], r["concurrency"]): r for r in result["rows"]}
+    assert all(r["equal_to_ar"] for r in rows.values()) and ("hf-cb", 1) not in rows
+    assert rows[("ar-compile", 1)]["warmup_s"] > 0 and "excluded s" in bench_module.markdown_table(result)
+    assert "hf-cb" not in methods or rows[("hf-cb", 3)]["setup_s"] >= 0
