@@ -284,11 +284,12 @@ def cmd_bench(args) -> int:
     n = max(max(args.concurrency) * args.prompts_per_slot, args.min_prompts)
     prompts = load_mixed((n + 1) // 2)
     steps = args.repeats * sum(len([m for m in methods if runs_at(m, c)]) for c in args.concurrency)
+    env = environment(args.command_line)  # before the run: the commit that ran, even if HEAD moves meanwhile
     with tqdm(total=steps, desc="bench") as bar:
         result = bench(model, tokenizer, prompts, methods, args.concurrency, args.max_new_tokens, args.repeats,
                        args.prompts_per_slot, args.min_prompts, bar, plain_model=plain, assistant=assistant,
                        virtual=virtual, virtual_table=str(virtual_table) if virtual_table else None)
-    result["environment"] = environment(args.command_line)
+    result["environment"] = env
     files = write_outputs(result, out)
     print(markdown_table(result))
     print("wrote " + ", ".join(str(f) for f in files))
