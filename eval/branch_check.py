@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_mixed  # noqa: E402
 
-from recguide_hf.backbone import as_backbone  # noqa: E402
 from recguide_hf.bench import run_engine, run_hf, save_run, summarize  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.masks import block_intra, causal_intra  # noqa: E402
+from recguide_hf.models import as_backbone  # noqa: E402
 from recguide_hf.profile import _forward_timer, interleaved_medians  # noqa: E402
 
 

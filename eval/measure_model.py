@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_prompts  # noqa: E402
 
 import recguide_hf  # noqa: E402
-from recguide_hf.backbone import as_backbone  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
+from recguide_hf.models import as_backbone  # noqa: E402
 
 
 def distinct4(tokens: list[int]) -> float:

@@ -95,13 +95,3 @@ class Backbone:
                          use_cache=True, logits_to_keep=logits_to_keep, **{CACHE_KW: cache})
         return out.logits
 
-
-def as_backbone(model) -> Backbone:
-    """Pick the adapter for a model (an already wrapped backbone is returned as is)."""
-    if isinstance(model, Backbone):
-        return model
-    from .nld import NLDBackbone, is_nld_model
-
-    if is_nld_model(model):
-        return NLDBackbone(model)
-    return Backbone(model)

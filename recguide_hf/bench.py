@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from transformers import GenerationMixin
 
-from .backbone import as_backbone
 from .config import DecodingConfig
 from .engine import Engine, SamplingSettings
+from .models import as_backbone
 
 METHODS = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted",
            "hf-assisted:num_assistant_tokens=8,assistant_confidence_threshold=0",

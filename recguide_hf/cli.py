@@ -191,10 +191,10 @@ def cmd_profile(args) -> int:
 def cmd_calibrate(args) -> int:
     from tqdm import tqdm
 
-    from .backbone import as_backbone
     from .calibrate import Round, fit
     from .config import DecodingConfig
     from .engine import Engine, SamplingSettings
+    from .models import as_backbone
 
     tokenizer, model = load(args.model, "fp32", args.device)
     block = max(args.block_sizes)

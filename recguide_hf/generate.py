@@ -29,9 +29,9 @@ from transformers import (
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .backbone import as_backbone
 from .config import DecodingConfig
 from .engine import Engine, SamplingSettings
+from .models import as_backbone
 from .policy import OnlinePrices
 from .processors import ScoreProcessor
 from .stats import branch_status

@@ -53,7 +53,7 @@ import torch
 
 from .calibrate import ValueTable, accepted_signal
 from .config import PAPER_BLOCK_SIZES, DecodingConfig
-from .profile import CostTable
+from .costs import CostTable
 
 ONLINE_RATE = 0.05  # weight of the newest round in the running means of log(measured / table seconds)
 

@@ -18,17 +18,16 @@ Within one C the parts of all block sizes are timed in turn, pass after pass, an
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from .backbone import as_backbone
 from .config import BLOCK_SIZES, DecodingConfig
+from .engine import Engine, SamplingSettings
 from .masks import block_intra, build_mask, causal_intra, positions
+from .models import as_backbone
 
 
 def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = None):
@@ -89,7 +88,6 @@ def _host_timer(backbone, c: int, b: int, rounds: tuple[int, int] = (4, 16)):
     forwards (the slope between two run lengths, so set-up and prefill cancel). The certainty signal is
     computed, as the auto policy computes it every round: a fixed-block engine computes it only when asked for
     its round log, whose appends add a few microseconds per row."""
-    from .engine import Engine, SamplingSettings  # engine -> policy -> this module
 
     config = DecodingConfig(mode="linear", block_size=b)
     prompt = torch.full((c, 8), 4, dtype=torch.long, device=backbone.device)
@@ -165,50 +163,3 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
             "threads": torch.get_num_threads(), "repeats": repeats, "timing": "interleaved"}
 
 
-class CostTable:
-    """Lookup with linear interpolation in C (and nearest known B)."""
-
-    def __init__(self, data: dict):
-        self.data = data
-        self.costs = {int(c): {int(b): v for b, v in per_b.items()} for c, per_b in data["costs"].items()}
-        self.concurrencies = sorted(self.costs)
-        self.block_sizes = sorted(set.intersection(*(set(per_b) for per_b in self.costs.values())))
-
-    @classmethod
-    def load(cls, path: str | Path) -> CostTable:
-        return cls(json.loads(Path(path).read_text()))
-
-    def _interp(self, c: float, b: int, key, index=None) -> float:
-        cs = self.concurrencies
-        c = min(max(c, cs[0]), cs[-1])
-        lo = max(x for x in cs if x <= c)
-        hi = min(x for x in cs if x >= c)
-
-        def val(cc):  # a block size the table lacks (fixed-block mode only) reads its nearest neighbour
-            bb = b if b in self.costs[cc] else min(self.costs[cc], key=lambda x: abs(x - b))
-            v = self.costs[cc][bb].get(key, 0.0)  # a table from before `host` was measured: 0
-            return v[index] if index is not None else v
-
-        if lo == hi:
-            return val(lo)
-        w = (c - lo) / (hi - lo)
-        return (1 - w) * val(lo) + w * val(hi)
-
-    def draft(self, c: float, b: int) -> float:
-        """Seconds of one draft forward with c rows of block b (0 for no rows)."""
-        return 0.0 if c < 0.5 else self._interp(c, b, "draft")
-
-    def verify(self, c: float, b: int, segments: float = 0.0) -> float:
-        """Seconds of one verify forward with `segments` branch segments per row (fractional: interpolated)."""
-        lo = int(segments)
-        hi = min(lo + 1, 3)
-        w = segments - lo
-        return (1 - w) * self._interp(c, b, "verify", lo) + w * self._interp(c, b, "verify", hi)
-
-    def host(self, c: float, b: int) -> float:
-        """Seconds of the engine's own work in one round of c rows at block b, outside the forwards."""
-        return 0.0 if c < 0.5 else self._interp(c, b, "host")
-
-    def round_cost(self, c: float, b: int) -> float:
-        """LinearSS round: one draft + one verify forward + the engine's work around them."""
-        return self.draft(c, b) + self.verify(c, b) + self.host(c, b)

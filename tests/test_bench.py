@@ -126,7 +126,7 @@ def test_virtual_costs_curve_and_clock(tmp_path):
     from conftest import random_prompts, tiny_model
 
     from recguide_hf.bench import VirtualCosts, run_engine
-    from recguide_hf.profile import CostTable
+    from recguide_hf.costs import CostTable
 
     spec = tmp_path / "costs.json"
     rounds = {"1": {"8": 10.0}, "4": {"8": 20.0, "16": 60.0}}

@@ -92,9 +92,9 @@ def _prefilled_engine(model, prompts, in_place: bool):
     """An engine whose rows hold `prompts` (prefilled), its cache reading subsets in place or gathering them."""
     from conftest import left_pad
 
-    from recguide_hf.backbone import as_backbone
     from recguide_hf.config import DecodingConfig
     from recguide_hf.engine import Engine, SamplingSettings
+    from recguide_hf.models import as_backbone
 
     ids, mask = left_pad(prompts)
     engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4), SamplingSettings(max_new_tokens=4))

@@ -7,9 +7,9 @@ from conftest import MASK, PAD, fused_forward, left_pad, random_prompts, tiny_mo
 pytest.importorskip("peft")
 
 import recguide_hf  # noqa: E402
-from recguide_hf.backbone import as_backbone  # noqa: E402
 from recguide_hf.draft_adapter import ADAPTER_DIR, add_draft_adapter, route, save_draft_adapter  # noqa: E402
 from recguide_hf.export import save_model_folder  # noqa: E402
+from recguide_hf.models import as_backbone  # noqa: E402
 
 TARGETS = ["q_proj", "o_proj", "down_proj"]
 

@@ -7,9 +7,9 @@ from mock_backbone import MockBackbone
 from transformers import GenerationConfig, RepetitionPenaltyLogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 import recguide_hf
-from recguide_hf.backbone import as_backbone
 from recguide_hf.config import DecodingConfig
 from recguide_hf.engine import Engine, SamplingSettings
+from recguide_hf.models import as_backbone
 from recguide_hf.policy import BlockPolicy
 from recguide_hf.processors import ScoreProcessor
 from recguide_hf.stopping import StopChecker

@@ -23,9 +23,9 @@ from nld_standin import (  # noqa: E402
 )
 
 import recguide_hf  # noqa: E402
-from recguide_hf.backbone import as_backbone  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
+from recguide_hf.models import as_backbone  # noqa: E402
 from recguide_hf.nld import NLDBackbone  # noqa: E402
 
 

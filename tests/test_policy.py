@@ -7,12 +7,12 @@ import torch
 from conftest import EOS, PAD, left_pad, random_prompts
 from mock_backbone import MockBackbone
 
-from recguide_hf.backbone import as_backbone
 from recguide_hf.calibrate import Round, ValueTable, fit
 from recguide_hf.config import DecodingConfig
+from recguide_hf.costs import CostTable
 from recguide_hf.engine import Engine, SamplingSettings, verifier_entropy
+from recguide_hf.models import as_backbone
 from recguide_hf.policy import BlockPolicy
-from recguide_hf.profile import CostTable
 from recguide_hf.stats import Stats
 
 
@@ -155,7 +155,7 @@ def test_the_engine_work_of_a_round_is_priced_too():
 def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
     """The profiler's engine-work timer runs real engine rounds over a forward that costs nothing and rejects
     every draft: one token per round, so the slope between two run lengths is seconds per round."""
-    from recguide_hf.backbone import as_backbone
+    from recguide_hf.models import as_backbone
     from recguide_hf.profile import _FreeForward, _host_timer
 
     bb = as_backbone(model)
