@@ -4,13 +4,15 @@
 #     bash eval/gpu_session.sh                      # there, with .gpu carried (eval/gpu_pack.sh made it here)
 #     DEVICE=cpu SMOKE=1 bash eval/gpu_session.sh   # here: the same steps, tiny, to check the script itself
 #
-# Each step is time-boxed (together at most 8 minutes, inside one call's 10) and appends to $OUT/session.log;
+# Each step is time-boxed (together at most 8.5 minutes, inside one call's 10) and appends to $OUT/session.log;
 # results land in $OUT as at most 8 files (what a call can bring back). Steps:
 # 1. environment: torch, transformers and the device;
 # 2. eval/gpu_check.py: parity of every mode (streams overlap included) on the NLD stand-in, on CUDA;
 # 3. recguide profile: the cost table of this GPU (the policy's T_C(B) and the branch prices);
 # 4. eval/branch_check.py: do branches pay where a forward is memory-bound?
-# 5. recguide bench: AR, LinearSS and RecGuide with the bundled (CPU) cost table and with this GPU's.
+# 5. recguide bench: AR, LinearSS and RecGuide with the bundled (CPU) cost table and with this GPU's;
+# 6. recguide bench against HF's fast paths: static cache, static cache + HF's compiled forward (CUDA graphs on
+#    CUDA, the warm-up reported beside it) and continuous batching.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session}
@@ -29,10 +31,14 @@ if [ -n "${SMOKE:-}" ]; then
     GPU_CHECK="--max-new-tokens 8 --batch 2"; PROFILE="--concurrency 1 2 --repeats 1"
     BRANCH="--concurrency 1 --blocks 8 --num-prompts 4 --repeats 1 --forward-repeats 1 --max-new-tokens 16"
     BENCH="--concurrency 1 2 --repeats 1 --min-prompts 4 --prompts-per-slot 1 --max-new-tokens 16"
+    FAST="--concurrency 1 2 --repeats 1 --min-prompts 4 --prompts-per-slot 1 --max-new-tokens 16"
+    FAST_METHODS="ar ar-static hf-cb recguide"  # compiling takes minutes on a CPU: not in the smoke run
 else
     GPU_CHECK=""; PROFILE=""
     BRANCH="--concurrency 1 4 16 64"
     BENCH="--concurrency 1 4 16 64 --repeats 2 --min-prompts 24"
+    FAST="--concurrency 1 16 --repeats 2 --min-prompts 24"
+    FAST_METHODS="ar ar-static ar-compile hf-cb recguide"
 fi
 
 step() {  # step NAME SECONDS COMMAND...: run it time-boxed, log it, say how it ended
@@ -47,12 +53,14 @@ step() {  # step NAME SECONDS COMMAND...: run it time-boxed, log it, say how it 
 step environment 30 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, transformers.__file__); print(torch.cuda.get_device_name() if torch.cuda.is_available() \
 else 'no CUDA')"
-step gpu_check 90 $PY eval/gpu_check.py --device "$DEVICE" $GPU_CHECK
+step gpu_check 60 $PY eval/gpu_check.py --device "$DEVICE" $GPU_CHECK
 step profile 90 $PY -m recguide_hf.cli profile --device "$DEVICE" $PROFILE --out "$OUT/cost_table.json"
-step branch_check 90 $PY eval/branch_check.py --device "$DEVICE" $BRANCH --out "$OUT/branch_check.json"
+step branch_check 60 $PY eval/branch_check.py --device "$DEVICE" $BRANCH --out "$OUT/branch_check.json"
 COSTED=()
 [ -f "$OUT/cost_table.json" ] && COSTED=("recguide:cost_table=$OUT/cost_table.json")
 step bench 180 $PY -m recguide_hf.cli bench --device "$DEVICE" $BENCH --methods ar linear-4 linear-8 linear-16 \
     recguide "recguide:block_sizes=8,16,32" "${COSTED[@]}" --out "$OUT/bench"
-rm -f "$OUT/bench/frontier.png"  # at most 8 files come back: keep the numbers and one plot
+# shellcheck disable=SC2086
+step hf_fast_paths 90 $PY -m recguide_hf.cli bench --device "$DEVICE" $FAST --methods $FAST_METHODS --out "$OUT/fast"
+rm -f "$OUT/bench/frontier.png" "$OUT/fast/frontier.png" "$OUT/fast/tpf_tau.png"  # at most 8 files come back
 ls -la "$OUT" "$OUT/bench" 2>/dev/null | tee -a "$LOG"
