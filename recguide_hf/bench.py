@@ -211,8 +211,9 @@ class ForwardCounter:
 
 def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str = "ar", assistant=None,
            virtual: VirtualCosts | None = None) -> dict:
-    """Plain HF generate, prompt lookup or assisted generation, in static batches of c; per-request latency =
-    its batch's time. Assisted methods also count verifier forwards (prefill excluded) and draft forwards.
+    """Plain HF generate (also with a static cache, and compiled), prompt lookup or assisted generation, in static
+    batches of c, or continuous batching (`hf-cb`, a closed loop of c); per-request latency = its batch's time.
+    Assisted methods also count verifier forwards (prefill excluded) and draft forwards.
     With `virtual` (plain `ar` only), times are the cost model's charges for the forwards HF ran."""
     if virtual is not None:
         if parse_method(method)[0] != "ar":
