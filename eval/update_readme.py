@@ -286,7 +286,7 @@ def virtual_section(path: Path) -> list[str]:
             f"{virtual['name']} (`{virtual['file']}`: the published round times and how the missing cells were "
             "filled), and recguide plans with those prices. Nothing but the forwards costs time. Acceptance is the "
             "12M bundled model's, not NLD-8B's. Outputs are deterministic (greedy), so one repeat is exact.", "",
-            *lines, "", summary + ".", ""]
+            *lines, "", summary + ".", "", "![simulated frontier](eval/results/virtual_b200/frontier.png)", ""]
 
 
 def main():

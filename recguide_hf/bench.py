@@ -552,6 +552,9 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 
     env = result.get("environment", {})
     footer = f"{env.get('hardware', '')} | torch {env.get('torch', '')} | commit {env.get('git_commit', '')}"
+    virtual = result.get("settings", {}).get("virtual_costs")
+    if virtual:  # the times are a cost model's, not this machine's
+        footer = f"SIMULATION: forwards charged by {virtual['file']} ({virtual['name']}) | run on {footer}"
     by_method: dict[str, list[dict]] = {}
     for r in result["rows"]:
         by_method.setdefault(r["method"], []).append(r)
@@ -564,7 +567,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
             ax.annotate(f"C={r['concurrency']}", (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
     ax.set_xlabel("per-request tokens/s")
     ax.set_ylabel("aggregate tokens/s")
-    ax.set_title("Concurrency frontier (greedy, closed loop)")
+    ax.set_title("Concurrency frontier (greedy, closed loop)" + (", simulated GPU costs" if virtual else ""))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.text(0.01, 0.005, footer, fontsize=6)
