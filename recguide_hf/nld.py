@@ -17,13 +17,13 @@ How NLD's published encoder must be called (issue 30; `tests/nld_standin_modelin
   `[R, 1, Q]`, which the scale's trailing-axis broadcast turns into one scale per row and token);
 * the encoder builds its mask with transformers' `create_causal_mask` under transformers 5.0's keyword names,
   which 5.9 renamed or removed (a TypeError from then on); for a 4D mask that function returns the mask as given,
-  so during the adapter's forward the encoder module's mask builders are bridged to do exactly that
-  (`_given_mask`), and NLD's files run under every transformers version this package supports.
+  so the adapter wraps the encoder module's mask builders once (`bridge_mask_builders`) to do exactly that and
+  to pass anything else on unchanged: NLD's files then run under every transformers version this package
+  supports, and NLD's own methods (which pass no 4D mask) see the builders they had.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import sys
 
@@ -32,6 +32,25 @@ import torch
 from .backbone import Backbone
 from .cache import RowCache
 from .draft_adapter import find_adapter
+
+
+def bridge_mask_builders(module) -> None:
+    """Make `module`'s `create_causal_mask` / `create_sliding_window_causal_mask` return a 4D mask as given
+    (transformers 5.0's early exit, under any keyword names) and call the original for anything else. Done once
+    per module (idempotent), so concurrent forwards never see a half-swapped function."""
+    for name in ("create_causal_mask", "create_sliding_window_causal_mask"):
+        original = getattr(module, name, None)
+        if not callable(original) or getattr(original, "_recguide_bridge", False):
+            continue
+
+        def build(*args, _original=original, **kwargs):
+            mask = kwargs.get("attention_mask")
+            if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+                return mask
+            return _original(*args, **kwargs)
+
+        build._recguide_bridge = True
+        setattr(module, name, build)
 
 
 def is_nld_model(model) -> bool:
@@ -82,7 +101,7 @@ class NLDBackbone(Backbone):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._gate_kw = "use_causal_mask" in params  # NLD: a mask counts only with use_causal_mask=True
         self._takes_cache_position = "cache_position" in params
-        self._module = sys.modules.get(type(self.encoder).__module__)
+        bridge_mask_builders(sys.modules.get(type(self.encoder).__module__))
         rope = getattr(self.encoder.config, "rope_parameters", None) or getattr(self.encoder.config, "rope_scaling",
                                                                                 None) or {}
         # the llama-4 query scale: 1 below this position, position-dependent from it on (None: not scaled)
@@ -123,9 +142,8 @@ class NLDBackbone(Backbone):
             kwargs["use_causal_mask"] = True
         if self._takes_cache_position:
             kwargs["cache_position"] = self._cache_position(position_ids)
-        with self._given_mask():
-            out = self.encoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                               use_cache=True, **kwargs)
+        out = self.encoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                           use_cache=True, **kwargs)
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
@@ -144,31 +162,6 @@ class NLDBackbone(Backbone):
         if int(position_ids.max()) < self._llama4_from or bool((position_ids == first).all()):
             return first
         return position_ids[:, None, :]
-
-    @contextlib.contextmanager
-    def _given_mask(self):
-        """For this forward, the encoder module's mask builders return a 4D mask as given (transformers 5.0's
-        behaviour, under any keyword names), and build other masks as before."""
-        module = self._module
-        names = [n for n in ("create_causal_mask", "create_sliding_window_causal_mask")
-                 if callable(getattr(module, n, None))]
-        saved = {n: getattr(module, n) for n in names}
-
-        def bridge(original):
-            def build(*args, **kwargs):
-                mask = kwargs.get("attention_mask")
-                if isinstance(mask, torch.Tensor) and mask.dim() == 4:
-                    return mask
-                return original(*args, **kwargs)
-            return build
-
-        for n in names:
-            setattr(module, n, bridge(saved[n]))
-        try:
-            yield
-        finally:
-            for n in names:
-                setattr(module, n, saved[n])
 
     def _keep_flags_causal(self):
         """NLD's own methods flip these switches; the fused path needs them off (the mask decides)."""
