@@ -123,6 +123,8 @@ def cmd_generate(args) -> int:
                   return_dict_in_generate=True)
     if args.block_size:
         kwargs["recguide_block_size"] = args.block_size
+    if args.compile:
+        kwargs["recguide_compile"] = True
     if args.do_sample:
         kwargs.update(temperature=args.temperature, top_p=args.top_p)
     if args.seed is not None:
@@ -147,6 +149,8 @@ def cmd_generate(args) -> int:
     if "tpf" in stats:
         line += f", TPF {stats['tpf']:.2f}, tau {stats['tau']:.2f}"
         line += f"; block mix {dict(sorted(stats['block_sizes'].items()))}"
+        if "compile_warmup_s" in stats:
+            line += f"; compiling took {stats['compile_warmup_s']:.1f}s of it"
         if stats.get("branch_rounds"):
             h = stats["hits"]
             line += (f"; branch hits: correction_1 {h['correction_1']}, correction_2 {h['correction_2']}, "
@@ -319,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     g.add_argument("--device", default="cpu")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    g.add_argument("--compile", action="store_true",
+                   help="run the backbone's forward through torch.compile (recguide_compile; the first call compiles "
+                        "for minutes on a CPU, and the output says how long)")
     g.set_defaults(func=cmd_generate, check=check_generate, subparser=g)
 
     p = sub.add_parser("profile", help="measure draft/verify forward costs T_C(B) on this machine")

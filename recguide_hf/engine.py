@@ -26,6 +26,7 @@ import torch
 from . import branches as br
 from .backbone import Backbone
 from .cache import length_groups
+from .compiled import CompiledForward
 from .config import DecodingConfig
 from .draft import DraftBlock, make_draft, risky_positions
 from .masks import block_intra, build_mask, causal_intra, positions
@@ -70,6 +71,12 @@ class Engine:
         self.mask_id = backbone.mask_token_id
         self.wants_entropy = self.policy.reads_entropy  # the entropy signal costs a vocabulary-wide pass per round
         self.split_streams, self._side_stream = self._streams_setup(config.overlap)
+        self._compiled = CompiledForward(backbone) if config.compile else None  # None: eager, the reference
+
+    @property
+    def compile_warmup_s(self) -> float | None:
+        """Seconds this engine's forwards spent compiling (None: eager)."""
+        return self._compiled.warmup_s if self._compiled is not None else None
 
     def _streams_setup(self, overlap: str):
         if overlap != "streams":
@@ -423,7 +430,8 @@ class Engine:
     def _run(self, prepared, ids, draft_mask=None, logits_to_keep=0):
         binding, mask, pos = prepared
         self.cache.use(binding)
-        return self.backbone.forward(ids, pos, mask, self.cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
+        forward = self._compiled or self.backbone.forward
+        return forward(ids, pos, mask, self.cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
 
 
 _WARNED: set[str] = set()

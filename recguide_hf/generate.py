@@ -129,6 +129,8 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     sequences, stats = engine.generate(input_ids, model_kwargs.get("attention_mask"))
     summary = stats.as_dict()
     summary["branches"] = branch_status(config.branches_enabled, summary)
+    if engine.compile_warmup_s is not None:
+        summary["compile_warmup_s"] = engine.compile_warmup_s  # seconds of this call's forwards that compiled
     _RUN.record(config, summary)
     if streamer is not None:
         streamer.put(sequences[:, input_ids.shape[1]:].cpu())

@@ -403,3 +403,24 @@ def test_a_whole_batch_stop_leaves_the_token_counts_true():
     assert emitted.tolist() == [6, 4, 6, 4]  # the B = 8 rows' round was cut at token 6
     assert stats.new_tokens.tolist() == emitted.tolist() == engine.count.tolist()
     assert stats.as_dict()["new_tokens"] == int(emitted.sum())
+
+
+@pytest.mark.slow
+def test_compiled_forward_gives_eager_tokens():
+    """`recguide_compile=True` (the backbone's forward through torch.compile, dynamic shapes): the same greedy tokens
+    as plain HF greedy, for LinearSS and RecGuide (branches ride: no cost table), batched and left-padded; the first
+    call reports the seconds it spent compiling, a repeated call compiles nothing."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = tiny_model(seed=11)
+    ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=13))
+    ref = hf_greedy(model, ids, mask, max_new_tokens=12)
+    warmups = []
+    for mode in ("linear", "recguide", "recguide"):
+        out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=12, recguide_mode=mode,
+                                   recguide_block_size=4, recguide_compile=True, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref[:, :out.sequences.shape[1]]) and out.sequences.shape == ref.shape, mode
+        warmups.append(out.recguide_stats["compile_warmup_s"])
+    assert warmups[0] > 0  # the first call compiled
+    assert warmups[2] == 0  # the same forwards again: nothing new to compile
