@@ -84,6 +84,12 @@ def runs_at(method: str, c: int) -> bool:
     return not ((base in BATCH_ONE and c != 1) or (base in MANY_ONLY and c == 1))
 
 
+def compiles(method: str) -> bool:
+    """Whether a method compiles its forward (ar-compile, or recguide:compile=true): its first pass is warm-up."""
+    base, overrides = parse_method(method)
+    return base == "ar-compile" or overrides.get("recguide_compile", "").lower() in ("true", "1")
+
+
 def compile_config():
     """HF's own automatic compilation of the decoding forward (what `generate` does by itself on CUDA with a
     static cache), switched on for every device."""
@@ -420,7 +426,7 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
     for m in methods:
         parse_method(m)
     raw: dict[tuple[str, int], list[dict]] = {}
-    warmup: dict[tuple[str, int], float] = {}  # ar-compile: seconds of the untimed first pass at each C
+    warmup: dict[tuple[str, int], float] = {}  # compiling methods: seconds of the untimed first pass per C
     reference: dict[int, list[int]] = {}
     n_max = min(len(prompts), max(max(concurrencies) * prompts_per_slot, min_prompts))
     # reference outputs: plain HF greedy at batch 1 (untimed), one per prompt
@@ -437,10 +443,12 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
             for m in order:
                 if progress is not None:
                     progress.set_description(f"repeat {rep + 1}/{repeats} C={c} {m}")
-                if parse_method(m)[0] == "ar-compile" and (m, c) not in warmup:
+                if compiles(m) and (m, c) not in warmup:
                     # compiling is excluded from the timing: one untimed pass over the same requests first
                     # (every shape they need gets compiled), its time reported beside the row
-                    warmup[(m, c)] = run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m)["wall"]
+                    first = (run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m) if parse_method(m)[0]
+                             in HF_METHODS else run_engine(model, tokenizer, prompts[:n], c, max_new_tokens, m))
+                    warmup[(m, c)] = first["wall"]
                 if parse_method(m)[0] in HF_METHODS:
                     run = run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m, assistant, virtual)
                 else:
@@ -484,9 +492,10 @@ def markdown_table(result: dict) -> str:
                      f"| {tpf} | {tau} | {mix} | {cov} | {'yes' if r['equal_to_ar'] else 'NO'} |"
                      + ((f" {excluded:.1f} |" if excluded is not None else " - |") if warm else ""))
     if warm:
-        lines += ["", "excluded s: what the timing leaves out, ar-compile's warm-up (an untimed first pass over the "
-                  "same requests, compiling every shape they need) and hf-cb's start-up (its manager's cache "
-                  "allocation and warm-up before the first request is admitted)."]
+        lines += ["", "excluded s: what the timing leaves out, the warm-up of a compiling method (ar-compile, "
+                  "recguide:compile=true: an untimed first pass over the same requests, compiling every shape they "
+                  "need) and hf-cb's start-up (its manager's cache allocation and warm-up before the first request "
+                  "is admitted)."]
     return "\n".join(lines)
 
 

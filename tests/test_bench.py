@@ -32,7 +32,7 @@ def test_bench_quick(tmp_path, monkeypatch):
 def test_method_overrides_and_adaptive_table():
     from transformers import GenerationConfig
 
-    from recguide_hf.bench import _engine_config, adaptive_table, fastest_other_table, parse_method
+    from recguide_hf.bench import _engine_config, adaptive_table, compiles, fastest_other_table, parse_method
 
     assert parse_method("linear-8") == ("linear", {"recguide_block_size": "8"})
     assert parse_method("recguide:rho=0,overlap=off") == ("recguide", {"recguide_rho": "0", "recguide_overlap": "off"})
@@ -40,6 +40,10 @@ def test_method_overrides_and_adaptive_table():
         "recguide", {"recguide_block_sizes": "8,16,32", "recguide_rho": "1"})
     assert parse_method("hf-assisted:num_assistant_tokens=4") == ("hf-assisted", {"num_assistant_tokens": "4"})
     assert _engine_config("linear-2", GenerationConfig()).block_size == 2
+    compiled = _engine_config("recguide:compile=true,block_size=8,overlap=off", GenerationConfig())
+    assert compiled.compile and compiled.block_size == 8 and not compiled.branches_enabled  # LinearSS, compiled
+    assert [compiles(m) for m in ("ar-compile", "recguide:compile=true", "recguide", "ar-static")] == [
+        True, True, False, False]  # what gets an untimed warm-up pass
     assert _engine_config("recguide:block_sizes=8,16,32", GenerationConfig()).block_sizes == (8, 16, 32)
     for bad in ("linear-99", "linear-8:rho=1", "recguide:rho", "recguide:speed=9", "hf-assisted:rho=1", "fast"):
         with pytest.raises(ValueError):
