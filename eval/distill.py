@@ -152,7 +152,6 @@ class AdapterStudent:
         eos = verifier.config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.first_draft = getattr(args, "first_draft", "mask")
-        self.with_risk = False  # measure() turns it on
 
     def parameters(self):
         return list(self.adapter.parameters())
@@ -185,9 +184,9 @@ class AdapterStudent:
                             args.kl_weight, self.mask_id, getattr(args, "rank2_weight", 0.0), self.eos_ids)
 
     @torch.no_grad()
-    def runs(self, x, lo, block, stride, teacher_logp, cache):
+    def runs(self, x, lo, block, stride, teacher_logp, cache, with_risk: bool = False):
         """Accepted-run length of a draft block at every `stride`-th anchor t in [lo, L - block]: [N, A];
-        with `self.with_risk`, also what a correction branch needs there (`correction_hits`)."""
+        with `with_risk`, also whether a correction branch would supply the next block there (`correction_hits`)."""
         n, length = x.shape
         anchors = torch.arange(lo, length - block + 1, stride)
         a = len(anchors)
@@ -212,7 +211,7 @@ class AdapterStudent:
         drafts = logits.argmax(-1)
         targets = x[:, anchors[:, None] + offs[1:]]  # [N, A, B-1]: the verifier's greedy tokens
         runs = (drafts == targets).int().cumprod(-1).sum(-1)
-        if not getattr(self, "with_risk", False):
+        if not with_risk:
             return runs
         block_ = make_draft(logits.flatten(0, 1), self.mask_id, self.eos_ids)
         return runs, correction_hits(block_.margin.view(n, a, -1), block_.correction.view(n, a, -1), targets, runs)
@@ -291,10 +290,11 @@ def measure(student, verifier, rows: dict[str, torch.Tensor], prompt_len: int, b
     risk = isinstance(student, AdapterStudent)
     for name, x in rows.items():
         cache, logp = verifier_pass(verifier, x, student.mask_id)
-        student.with_risk = risk
-        out = student.runs(x, prompt_len, max(blocks), 4, logp, cache)  # [N, A] runs capped at max(B) - 1
-        student.with_risk = False
-        runs, hits = out if risk else (out, None)
+        # [N, A] runs capped at max(B) - 1 (and, for the adapter, the correction hits beside them)
+        if risk:
+            runs, hits = student.runs(x, prompt_len, max(blocks), 4, logp, cache, with_risk=True)
+        else:
+            runs, hits = student.runs(x, prompt_len, max(blocks), 4, logp, cache), None
         for b in blocks:
             res[f"tau_{name}_B{b}"] = round(1 + runs.clamp(max=b - 1).float().mean().item(), 3)
             if hits is not None:

@@ -19,6 +19,10 @@ from .config import BLOCK_SIZES, MAX_BLOCK, MIN_BLOCK
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).exists() for f in TOKENIZER_FILES)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with errors as one line (no usage block): `recguide generate: error: argument --block-size: ...`."""
 
@@ -101,7 +105,7 @@ def check_generate(args, parser) -> None:
         parser.error(f"argument --model: {model} is not a model folder (no config.json)")
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").exists():
         parser.error(f"argument --adapter: {args.adapter} is not a PEFT adapter folder (no adapter_config.json)")
-    if args.prompt_ids is None and not any((model / f).exists() for f in TOKENIZER_FILES):
+    if args.prompt_ids is None and not has_tokenizer(model):
         parser.error(f"argument --prompt: {model} has no tokenizer ({' / '.join(TOKENIZER_FILES)}); "
                      "give the prompt as token ids with --prompt-ids 1,2,3")
 
@@ -112,8 +116,7 @@ def cmd_generate(args) -> int:
     import recguide_hf
 
     folder = Path(args.model) if args.model else BUNDLED_MODEL
-    has_tokenizer = any((folder / f).exists() for f in TOKENIZER_FILES)
-    tokenizer, model = load(args.model, args.dtype, args.device, args.adapter, with_tokenizer=has_tokenizer)
+    tokenizer, model = load(args.model, args.dtype, args.device, args.adapter, with_tokenizer=has_tokenizer(folder))
     if args.prompt_ids is not None:
         ids = torch.tensor([args.prompt_ids], device=args.device)
         enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
