@@ -37,6 +37,7 @@ from prompts import load_mixed  # noqa: E402
 
 from recguide_hf.bench import run_engine, run_hf, save_run, summarize  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
+from recguide_hf.compiled import CompiledForward  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.masks import block_intra, causal_intra  # noqa: E402
 from recguide_hf.models import as_backbone  # noqa: E402
@@ -44,21 +45,27 @@ from recguide_hf.profile import _forward_timer, interleaved_medians  # noqa: E40
 
 
 @torch.no_grad()
-def forward_costs(model, c: int, block: int, prefix: int, repeats: int) -> dict:
+def forward_costs(model, c: int, block: int, prefix: int, repeats: int, compiled: bool = False) -> dict:
     """Median seconds of the forwards a branch round trades, at c rows over a `prefix`-token cache: the draft, the
     verify of B tokens, and for S = 1..3 segments the verify routed as serving runs it and the same token count
-    without the adapter."""
+    without the adapter. `compiled`: through `recguide_compile`'s compiled forward (the untimed first pass of
+    `interleaved_medians` compiles each)."""
     backbone = as_backbone(model)
     device = backbone.device
     cache = backbone.new_cache(c, prefix + block * 5)
     cache.lengths[:] = prefix
     rows = torch.arange(c, device=device)
-    timers = {"draft": _forward_timer(backbone, cache, rows, block, block_intra(c, block, device), 0),
-              "verify": _forward_timer(backbone, cache, rows, block, causal_intra(c, block, device))}
+    forward = CompiledForward(backbone) if compiled else None
+
+    def timer(q, intra, draft_from=None):
+        return _forward_timer(backbone, cache, rows, q, intra, draft_from, forward)
+
+    timers = {"draft": timer(block, block_intra(c, block, device), 0), "verify": timer(block, causal_intra(c, block,
+                                                                                                         device))}
     for s in (1, 2, 3):
         wide = block * (1 + s)
-        timers[f"branches_{s}"] = _forward_timer(backbone, cache, rows, wide, causal_intra(c, wide, device), block)
-        timers[f"no_adapter_{s}"] = _forward_timer(backbone, cache, rows, wide, causal_intra(c, wide, device))
+        timers[f"branches_{s}"] = timer(wide, causal_intra(c, wide, device), block)
+        timers[f"no_adapter_{s}"] = timer(wide, causal_intra(c, wide, device))
     return interleaved_medians(timers, repeats)
 
 
@@ -82,6 +89,9 @@ def main(argv=None) -> int:
     p.add_argument("--forward-repeats", type=int, default=9)
     p.add_argument("--device", default="cpu", help="e.g. cuda: where a forward is memory-bound, extra query tokens "
                                                    "are nearly free and the break-even falls")
+    p.add_argument("--compile", action="store_true", help="both methods and the forward timings through "
+                   "recguide_compile's compiled forward (its warm-up untimed): what branches cost once the framework "
+                   "overhead of their routing is compiled away")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     tokenizer, model = load(args.model, "fp32", args.device)
@@ -93,9 +103,12 @@ def main(argv=None) -> int:
     cases = [(c, b) for c in args.concurrency for b in args.blocks]
     with tqdm(total=len(cases) * args.repeats * 2, desc="branch check") as bar:
         for c, b in cases:
-            configs = {"linear": DecodingConfig(mode="linear", block_size=b),
-                       "branches": DecodingConfig(mode="recguide", block_size=b, cost_table=None)}
+            configs = {"linear": DecodingConfig(mode="linear", block_size=b, compile=args.compile),
+                       "branches": DecodingConfig(mode="recguide", block_size=b, cost_table=None, compile=args.compile)}
             runs = {k: [] for k in configs}
+            if args.compile:  # an untimed pass of each compiles every shape it needs
+                for k in configs:
+                    run_engine(model, tokenizer, prompts, c, args.max_new_tokens, configs[k])
             for rep in range(args.repeats):
                 for k in (list(configs) if rep % 2 == 0 else list(configs)[::-1]):
                     runs[k].append(run_engine(model, tokenizer, prompts, c, args.max_new_tokens, configs[k]))
@@ -106,7 +119,7 @@ def main(argv=None) -> int:
                                                                                  summaries["linear"])]
             policies = [r["engine"].policy for r in runs["branches"]]  # mean branch segments per row and round
             segments = statistics.mean(q.segments_seen / q.segment_rows for q in policies)
-            costs = forward_costs(model, c, b, args.prefix, args.forward_repeats)
+            costs = forward_costs(model, c, b, args.prefix, args.forward_repeats, args.compile)
             routed = at(costs, "branches", segments)  # the verify forward with its segments, as serving runs it
             extra, routing = routed - costs["verify"], routed - at(costs, "no_adapter", segments)
             results.append({

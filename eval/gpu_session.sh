@@ -12,7 +12,8 @@
 # 4. eval/branch_check.py: do branches pay where a forward is memory-bound?
 # 5. recguide bench: AR, LinearSS and RecGuide with the bundled (CPU) cost table and with this GPU's;
 # 6. recguide bench against HF's fast paths: static cache, static cache + HF's compiled forward (CUDA graphs on
-#    CUDA, the warm-up reported beside it) and continuous batching.
+#    CUDA, the warm-up reported beside it) and continuous batching, and recguide's own compiled forward
+#    (`recguide_compile=true`: mode="reduce-overhead", CUDA graphs), its warm-up reported the same way.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session}
@@ -38,7 +39,7 @@ else
     BRANCH="--concurrency 1 4 16 64"
     BENCH="--concurrency 1 4 16 64 --repeats 2 --min-prompts 24"
     FAST="--concurrency 1 16 --repeats 2 --min-prompts 24"
-    FAST_METHODS="ar ar-static ar-compile hf-cb recguide"
+    FAST_METHODS="ar ar-static ar-compile hf-cb recguide recguide:compile=true"  # compiled: CUDA graphs there
 fi
 
 step() {  # step NAME SECONDS COMMAND...: run it time-boxed, log it, say how it ended
@@ -58,9 +59,9 @@ step profile 90 $PY -m recguide_hf.cli profile --device "$DEVICE" $PROFILE --out
 step branch_check 60 $PY eval/branch_check.py --device "$DEVICE" $BRANCH --out "$OUT/branch_check.json"
 COSTED=()
 [ -f "$OUT/cost_table.json" ] && COSTED=("recguide:cost_table=$OUT/cost_table.json")
-step bench 180 $PY -m recguide_hf.cli bench --device "$DEVICE" $BENCH --methods ar linear-4 linear-8 linear-16 \
+step bench 150 $PY -m recguide_hf.cli bench --device "$DEVICE" $BENCH --methods ar linear-4 linear-8 linear-16 \
     recguide "recguide:block_sizes=8,16,32" "${COSTED[@]}" --out "$OUT/bench"
 # shellcheck disable=SC2086
-step hf_fast_paths 90 $PY -m recguide_hf.cli bench --device "$DEVICE" $FAST --methods $FAST_METHODS --out "$OUT/fast"
+step hf_fast_paths 120 $PY -m recguide_hf.cli bench --device "$DEVICE" $FAST --methods $FAST_METHODS --out "$OUT/fast"
 rm -f "$OUT/bench/frontier.png" "$OUT/fast/frontier.png" "$OUT/fast/tpf_tau.png"  # at most 8 files come back
 ls -la "$OUT" "$OUT/bench" 2>/dev/null | tee -a "$LOG"

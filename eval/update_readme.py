@@ -61,6 +61,21 @@ def speed_sentence(bench: dict) -> str:
             + ", ".join(f"{best[c][1]:.2f}" for c in cs) + " (C=" + ", ".join(map(str, cs)) + ")"
             + (", below x0.97 at " + ", ".join(f"C={c} ({best[c][0]})" for c in behind) if behind else "")
             + ". ")
+    from recguide_hf.bench import HF_AR, parse_method
+
+    hf = {}  # HF's fastest autoregressive path at each C (plain, static cache, compiled, continuous batching)
+    for c in cs:
+        rows = [r for (m, cc), r in by.items() if cc == c and parse_method(m)[0] in HF_AR]
+        if any(parse_method(r["method"])[0] != "ar" for r in rows):
+            fast = max(rows, key=lambda r: r["aggregate_tps"])
+            hf[c] = (fast, by[("recguide", c)]["aggregate_tps"] / fast["aggregate_tps"])
+    if hf:
+        warm = sorted({round(f["warmup_s"]) for f, _ in hf.values() if "warmup_s" in f})
+        peer += ("Against HF's fastest autoregressive decoding at each C (the best of plain `generate`, static cache, "
+                 "static cache + compiled forward and continuous batching) it is at x"
+                 + ", ".join(f"{hf[c][1]:.2f} ({hf[c][0]['method']})" for c in sorted(hf))
+                 + (f", the compiled forward's warm-up ({warm[0]}-{warm[-1]} s per C) left out of its timing"
+                    if warm else "") + ". ")
     lossless = all(r["equal_to_ar"] for r in bench["rows"])
     share = max(by[("recguide", c)].get("branch_round_share", 0.0) for c in cs)
     branches = ("Its branches (next-round drafts inside the verify forward) rode in no round at any C: the cost rule "

@@ -42,6 +42,7 @@ METHODS = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted",
            "linear-2", "linear-4", "linear-8", "linear-16", "recguide", "recguide:block_sizes=8,16,32")
 BASES = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted", "linear", "recguide")
 HF_METHODS = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted")  # HF's own decoding
+HF_AR = ("ar", "ar-static", "ar-compile", "hf-cb")  # HF's autoregressive decoding paths (no drafting)
 MANY_ONLY = ("hf-cb",)  # continuous batching: a closed loop of C > 1 requests (C = 1 is plain decoding)
 # what a --virtual-costs run compares by default (the verifier's forwards are what the cost model prices)
 VIRTUAL_METHODS = ("ar", "linear-4", "linear-8", "linear-16", "linear-32", "recguide", "recguide:block_sizes=8,16,32")
@@ -290,7 +291,10 @@ def _run_cb(model, tokenizer, prompts: list[str], c: int, max_new: int) -> dict:
     gen = copy.deepcopy(model.generation_config)
     gen.update(max_new_tokens=max_new, do_sample=False)
     pages = -(-(max(map(len, ids)) + max_new) // 256) + 1  # 256-token pages per request, one spare
-    config = ContinuousBatchingConfig(max_requests_per_batch=c, num_blocks=c * pages)
+    # tokens per step: HF's default (8192) sizes [M, M + cache] attention masks that at C = 64 asked for more memory
+    # than this 24 GiB machine offers; a prompt longer than this is prefilled in chunks
+    batch_tokens = max(1024, max(map(len, ids)) + c)
+    config = ContinuousBatchingConfig(max_requests_per_batch=c, num_blocks=c * pages, max_batch_tokens=batch_tokens)
     start = time.perf_counter()
     out = model.generate_batch(inputs=ids, generation_config=gen, continuous_batching_config=config)
     total = time.perf_counter() - start
@@ -526,19 +530,22 @@ def adaptive_table(result: dict, method: str = "recguide") -> tuple[str, float |
     return "\n".join(lines), mean
 
 
-def fastest_other_table(result: dict, method: str = "recguide") -> tuple[str, float | None]:
-    """Per C: `method` vs the fastest OTHER method in the run (AR and every peer included), aggregate tokens/s.
+def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str, ...] | None = None,
+                        label: str = "fastest other method") -> tuple[str, float | None]:
+    """Per C: `method` vs the fastest OTHER method in the run (AR and every peer included; `peers`: only methods of
+    these bases), aggregate tokens/s. A compiling peer's warm-up, left out of its timing, is shown beside it.
 
     Returns the Markdown table and the smallest ratio over C (None if `method` did not run)."""
     by_c: dict[int, list[dict]] = {}
     for r in result["rows"]:
         by_c.setdefault(r["concurrency"], []).append(r)
-    lines = [f"| C | fastest other method | its tok/s | {method} tok/s | ratio | ratio in each repeat | = AR |",
+    lines = [f"| C | {label} | its tok/s | {method} tok/s | ratio | ratio in each repeat | = AR |",
              "|---|---|---|---|---|---|---|"]
     ratios = []
     for c in sorted(by_c):
         ours = [r for r in by_c[c] if r["method"] == method]
-        others = [r for r in by_c[c] if r["method"] != method]
+        others = [r for r in by_c[c] if r["method"] != method
+                  and (peers is None or parse_method(r["method"])[0] in peers)]
         if not ours or not others:
             continue
         best = max(others, key=lambda r: r["aggregate_tps"])
@@ -548,9 +555,34 @@ def fastest_other_table(result: dict, method: str = "recguide") -> tuple[str, fl
         # the two methods ran minutes apart at most within a repeat: the spread of these is the run's noise
         paired = ", ".join(f"{a / b:.2f}" for a, b in zip(ours[0].get("aggregate_tps_runs", []),
                                                          best.get("aggregate_tps_runs", [])))
-        lines.append(f"| {c} | {best['method']} | {best['aggregate_tps']:.1f} | {ours[0]['aggregate_tps']:.1f} | "
+        name = best["method"] + (f" (warm-up {best['warmup_s']:.0f} s excluded)" if "warmup_s" in best else "")
+        lines.append(f"| {c} | {name} | {best['aggregate_tps']:.1f} | {ours[0]['aggregate_tps']:.1f} | "
                      f"x{ratio:.2f} | {paired or '-'} | {eq} |")
     return "\n".join(lines), (min(ratios) if ratios else None)
+
+
+def compile_table(result: dict, method: str = "recguide") -> str | None:
+    """Per C: `method` compiled (`method:compile=true`) against eager, with the warm-up and the tokens after which
+    it is repaid: warm-up / (seconds per token eager - compiled), at the run's aggregate rates. None: not run."""
+    compiled = f"{method}:compile=true"
+    by = {(r["method"], r["concurrency"]): r for r in result["rows"]}
+    cs = sorted(c for m, c in by if m == compiled and (method, c) in by)
+    if not cs:
+        return None
+    lines = [f"| C | {method} (eager) tok/s | {compiled} tok/s | ratio | ratio in each repeat | warm-up s | "
+             "repaid after (tokens) | = AR |", "|---|---|---|---|---|---|---|---|"]
+    for c in cs:
+        eager, comp = by[(method, c)], by[(compiled, c)]
+        ratio = comp["aggregate_tps"] / eager["aggregate_tps"]
+        paired = ", ".join(f"{a / b:.2f}" for a, b in zip(comp.get("aggregate_tps_runs", []),
+                                                         eager.get("aggregate_tps_runs", [])))
+        saved = 1 / eager["aggregate_tps"] - 1 / comp["aggregate_tps"]  # seconds per token
+        warm = comp.get("warmup_s")
+        repaid = f"{warm / saved:,.0f}" if warm is not None and saved > 0 else "never"
+        eq = "yes" if eager["equal_to_ar"] and comp["equal_to_ar"] else "NO"
+        lines.append(f"| {c} | {eager['aggregate_tps']:.1f} | {comp['aggregate_tps']:.1f} | x{ratio:.2f} | "
+                     f"{paired or '-'} | {f'{warm:.0f}' if warm is not None else '-'} | {repaid} | {eq} |")
+    return "\n".join(lines)
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
@@ -621,6 +653,18 @@ def write_outputs(result: dict, out_dir: Path) -> list[Path]:
     table, low = fastest_other_table(result)
     if low is not None:
         md += ["RecGuide (default settings) against the fastest other method at each concurrency:", "", table, ""]
+    table, low = fastest_other_table(result, peers=HF_AR, label="fastest HF autoregressive method")
+    if low is not None:
+        md += ["RecGuide (default settings) against HF's fastest autoregressive decoding at each concurrency (plain, "
+               "static cache, static cache + compiled forward, continuous batching; warm-up excluded):", "", table,
+               ""]
+    table = compile_table(result)
+    if table is not None:
+        md += ["RecGuide compiled (`recguide_compile=true`) against eager. The warm-up is its untimed first pass over "
+               "the same requests at that C; graphs compiled at an earlier C of the run are reused, and torch's "
+               "on-disk compile cache may hold kernels of earlier processes, so a cold start costs more. At these "
+               "rates the warm-up is repaid once a process has decoded the tokens in 'repaid after':", "",
+               table, ""]
     table, mean = adaptive_table(result)
     if mean is not None:
         md += ["RecGuide (auto block size) against the best fixed-block LinearSS at each concurrency:", "", table, ""]

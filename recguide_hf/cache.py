@@ -31,6 +31,7 @@ class Binding:
     fresh: bool = False  # every row starts empty (a prefill): it sees exactly the keys/values it writes
     # runs of slots read in place, each over the key width its rows need (attention.py); None: one SDPA call
     runs: list[tuple[int, int, int, int]] | None = None
+    offset: int = 0  # the longest committed prefix among the forward's rows (+ write offset): the query offset
 
 
 def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
@@ -108,7 +109,7 @@ class RowCache(Cache):
             runs = row_runs(rows_cpu.tolist(), (base + query_len).tolist())
             if all_rows and runs is not None and len(runs) == 1:
                 runs = None  # every row at once over the full width: plain SDPA
-        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs)
+        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs, kv_len - query_len)
 
     def use(self, binding: Binding) -> None:
         self._binding = binding
@@ -151,6 +152,12 @@ class RowCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.lengths.max()) if self.lengths.numel() else 0
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Where the bound forward's queries start (transformers 5.24 builds a mask from it when the forward passes
+        none): a host int of the binding, so a compiled forward reads no tensor value (`get_seq_length`'s
+        `.item()` was a graph break inside every compiled plain step)."""
+        return self._binding.offset if self._binding else self.get_seq_length(layer_idx)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return (self._binding.kv_len if self._binding else 0), 0

@@ -30,10 +30,11 @@ from .masks import block_intra, build_mask, causal_intra, positions
 from .models import as_backbone
 
 
-def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = None):
+def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = None, forward=None):
     """A function that runs one forward of q tokens per row over the cached prefix and returns its seconds;
     tokens from `draft_from` on are draft tokens (the drafting adapter, if any, applies to them as in the
-    engine)."""
+    engine). `forward`: what runs it (default `backbone.forward`; e.g. a `compiled.CompiledForward`)."""
+    forward = forward or backbone.forward
     lengths = cache.lengths[rows.cpu()].to(rows.device)
     pads = torch.zeros_like(lengths)
     ids = torch.randint(4, backbone.vocab_size, (rows.numel(), q), device=rows.device)
@@ -51,7 +52,7 @@ def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = Non
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        backbone.forward(ids, pos, mask, cache, draft_mask=draft_mask)
+        forward(ids, pos, mask, cache, draft_mask=draft_mask)
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start

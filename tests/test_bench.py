@@ -73,6 +73,28 @@ def test_method_overrides_and_adaptive_table():
     assert "| 4 | ar | 250.0 | 180.0 | x0.72 | 0.72, 1.10, 0.50 |" in table
 
 
+def test_hf_autoregressive_peers_and_compile_table():
+    """Issue 28's bar reads only HF's autoregressive paths (a faster LinearSS row is not one), shows a compiled
+    peer's warm-up beside it, and the compile table says after how many tokens the warm-up is repaid."""
+    from recguide_hf.bench import HF_AR, compile_table, fastest_other_table
+
+    def row(m, c, tps, **extra):
+        return {"method": m, "concurrency": c, "aggregate_tps": tps, "equal_to_ar": True, **extra}
+
+    result = {"rows": [row("ar", 1, 50), row("ar-compile", 1, 90, warmup_s=60.0), row("linear-8", 1, 200),
+                       row("recguide", 1, 150), row("recguide:compile=true", 1, 200, warmup_s=100.0),
+                       row("hf-cb", 16, 400, setup_s=1.0), row("ar-static", 16, 300), row("recguide", 16, 600),
+                       row("recguide:compile=true", 16, 500, warmup_s=5.0)]}
+    table, low = fastest_other_table(result, peers=HF_AR, label="fastest HF autoregressive method")
+    assert "| 1 | ar-compile (warm-up 60 s excluded) | 90.0 | 150.0 | x1.67 |" in table  # not linear-8, not compiled us
+    assert "| 16 | hf-cb | 400.0 | 600.0 | x1.50 |" in table and low == pytest.approx(600 / 400)  # the smallest ratio over C
+    table = compile_table(result)
+    # C = 1: 1/150 - 1/200 = 1/600 s saved per token, so 100 s of warm-up is repaid after 60,000 tokens
+    assert "| 1 | 150.0 | 200.0 | x1.33 | - | 100 | 60,000 | yes |" in table
+    assert "| 16 | 600.0 | 500.0 | x0.83 | - | 5 | never | yes |" in table
+    assert compile_table({"rows": [row("recguide", 1, 150)]}) is None
+
+
 def test_hf_assisted_rows_count_verifier_and_draft_forwards():
     """hf-assisted on tiny models: output = plain greedy, tokens per verifier forward and draft forwards counted."""
     from conftest import tiny_model

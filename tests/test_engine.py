@@ -424,3 +424,14 @@ def test_compiled_forward_gives_eager_tokens():
         warmups.append(out.recguide_stats["compile_warmup_s"])
     assert warmups[0] > 0  # the first call compiled
     assert warmups[2] == 0  # the same forwards again: nothing new to compile
+    # plain decoding steps (B = 1) run unmasked; transformers builds their mask from the cache's query offset, a
+    # host int of the binding (RowCache.get_query_offset), so the compiled step reads no tensor value: no graph break
+    from torch._dynamo.utils import counters
+    from transformers import Cache
+
+    counters["graph_break"].clear()
+    out = recguide_hf.generate(model, ids, attention_mask=mask, max_new_tokens=12, recguide_mode="linear",
+                               recguide_block_size=1, recguide_compile=True)
+    assert torch.equal(out, ref[:, :out.shape[1]])
+    if hasattr(Cache, "get_query_offset"):  # transformers 5.24 (5.0 asks get_seq_length: a break inside HF's code)
+        assert not counters["graph_break"], dict(counters["graph_break"])
