@@ -60,8 +60,8 @@ def forward_costs(model, c: int, block: int, prefix: int, repeats: int, compiled
     def timer(q, intra, draft_from=None):
         return _forward_timer(backbone, cache, rows, q, intra, draft_from, forward)
 
-    timers = {"draft": timer(block, block_intra(c, block, device), 0), "verify": timer(block, causal_intra(c, block,
-                                                                                                         device))}
+    timers = {"draft": timer(block, block_intra(c, block, device), 0),
+              "verify": timer(block, causal_intra(c, block, device))}
     for s in (1, 2, 3):
         wide = block * (1 + s)
         timers[f"branches_{s}"] = timer(wide, causal_intra(c, wide, device), block)

@@ -530,6 +530,13 @@ def adaptive_table(result: dict, method: str = "recguide") -> tuple[str, float |
     return "\n".join(lines), mean
 
 
+def _paired_ratios(row: dict, other: dict) -> str:
+    """`row` / `other` in each repeat ("" without per-repeat figures). The two ran minutes apart at most within a
+    repeat: the spread of these is the run's noise."""
+    return ", ".join(f"{a / b:.2f}" for a, b in zip(row.get("aggregate_tps_runs", []),
+                                                    other.get("aggregate_tps_runs", [])))
+
+
 def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str, ...] | None = None,
                         label: str = "fastest other method") -> tuple[str, float | None]:
     """Per C: `method` vs the fastest OTHER method in the run (AR and every peer included; `peers`: only methods of
@@ -552,9 +559,7 @@ def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str
         ratio = ours[0]["aggregate_tps"] / best["aggregate_tps"]
         ratios.append(ratio)
         eq = "yes" if ours[0]["equal_to_ar"] and best["equal_to_ar"] else "NO"
-        # the two methods ran minutes apart at most within a repeat: the spread of these is the run's noise
-        paired = ", ".join(f"{a / b:.2f}" for a, b in zip(ours[0].get("aggregate_tps_runs", []),
-                                                         best.get("aggregate_tps_runs", [])))
+        paired = _paired_ratios(ours[0], best)
         name = best["method"] + (f" (warm-up {best['warmup_s']:.0f} s excluded)" if "warmup_s" in best else "")
         lines.append(f"| {c} | {name} | {best['aggregate_tps']:.1f} | {ours[0]['aggregate_tps']:.1f} | "
                      f"x{ratio:.2f} | {paired or '-'} | {eq} |")
@@ -574,8 +579,7 @@ def compile_table(result: dict, method: str = "recguide") -> str | None:
     for c in cs:
         eager, comp = by[(method, c)], by[(compiled, c)]
         ratio = comp["aggregate_tps"] / eager["aggregate_tps"]
-        paired = ", ".join(f"{a / b:.2f}" for a, b in zip(comp.get("aggregate_tps_runs", []),
-                                                         eager.get("aggregate_tps_runs", [])))
+        paired = _paired_ratios(comp, eager)
         saved = 1 / eager["aggregate_tps"] - 1 / comp["aggregate_tps"]  # seconds per token
         warm = comp.get("warmup_s")
         repaid = f"{warm / saved:,.0f}" if warm is not None and saved > 0 else "never"

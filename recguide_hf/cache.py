@@ -31,7 +31,6 @@ class Binding:
     fresh: bool = False  # every row starts empty (a prefill): it sees exactly the keys/values it writes
     # runs of slots read in place, each over the key width its rows need (attention.py); None: one SDPA call
     runs: list[tuple[int, int, int, int]] | None = None
-    offset: int = 0  # the longest committed prefix among the forward's rows (+ write offset): the query offset
 
 
 def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
@@ -109,7 +108,7 @@ class RowCache(Cache):
             runs = row_runs(rows_cpu.tolist(), (base + query_len).tolist())
             if all_rows and runs is not None and len(runs) == 1:
                 runs = None  # every row at once over the full width: plain SDPA
-        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs, kv_len - query_len)
+        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs)
 
     def use(self, binding: Binding) -> None:
         self._binding = binding
@@ -157,7 +156,8 @@ class RowCache(Cache):
         """Where the bound forward's queries start (transformers 5.24 builds a mask from it when the forward passes
         none): a host int of the binding, so a compiled forward reads no tensor value (`get_seq_length`'s
         `.item()` was a graph break inside every compiled plain step)."""
-        return self._binding.offset if self._binding else self.get_seq_length(layer_idx)
+        b = self._binding  # its longest row's first query slot: the KV width less the query tokens
+        return b.kv_len - b.write_pos.shape[1] if b else self.get_seq_length(layer_idx)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return (self._binding.kv_len if self._binding else 0), 0
