@@ -176,15 +176,23 @@ def _prompt_sets(names: list[str], limit: int, skip: int = 0) -> dict[str, list[
     return sets
 
 
+def _output_file(out: str | None, model: str | None, name: str) -> Path:
+    """Where a measuring command writes its table (default: the model folder's `name`), its folder made now, before
+    minutes of measuring, so a missing folder cannot lose them."""
+    path = Path(out) if out else Path(model or BUNDLED_MODEL) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def cmd_profile(args) -> int:
     from tqdm import tqdm
 
     from .profile import profile_costs
 
-    _, model = load(args.model, args.dtype, args.device)
+    out = _output_file(args.out, args.model, "cost_table.json")
+    _, model = load(args.model, args.dtype, args.device, with_tokenizer=False)  # forwards of random ids
     with tqdm(total=len(args.concurrency), desc="profile", unit="C") as bar:
         table = profile_costs(model, args.concurrency, args.block_sizes, args.prefix_len, args.repeats, bar)
-    out = Path(args.out) if args.out else Path(args.model or BUNDLED_MODEL) / "cost_table.json"
     out.write_text(json.dumps(table, indent=1) + "\n")
     for c, per_b in table["costs"].items():
         print(f"C={c:>3} " + "  ".join(f"B={b}: draft {v['draft'] * 1e3:.1f} ms, verify "
@@ -203,6 +211,7 @@ def cmd_calibrate(args) -> int:
     from .engine import Engine, SamplingSettings
     from .models import as_backbone
 
+    out = _output_file(args.out, args.model, "value_table.json")
     tokenizer, model = load(args.model, "fp32", args.device)
     block = max(args.block_sizes)
     rounds: list[Round] = []
@@ -222,7 +231,6 @@ def cmd_calibrate(args) -> int:
     table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins, signal=args.signal)
     table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts, "skip": args.skip,
                             "max_new_tokens": args.max_new_tokens}
-    out = Path(args.out) if args.out else Path(args.model or BUNDLED_MODEL) / "value_table.json"
     out.write_text(json.dumps(table, indent=1) + "\n")
     rep = table["report"]
     print("held-out (out-of-fold) prediction of progress per round:")

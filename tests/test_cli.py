@@ -30,3 +30,22 @@ def test_bad_values_fail_fast_in_one_line(args, flag):
     err = run.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("recguide generate: error: argument " + flag), run.stderr
     assert run.stdout.strip() == "EXIT 2 False False"  # nothing heavy was imported before the check
+
+
+def test_profile_writes_into_a_folder_it_makes(tmp_path):
+    """`recguide profile --out` into a folder that does not exist yet: the folder is made before the minutes of
+    measuring (it used to fail at the very end, losing them); a folder without a tokenizer profiles too."""
+    import json
+
+    from conftest import tiny_model
+
+    from recguide_hf.cli import main
+    from recguide_hf.export import save_model_folder
+
+    save_model_folder(tiny_model(0), None, tmp_path / "model")
+    out = tmp_path / "new" / "deeper" / "cost_table.json"
+    main(["profile", "--model", str(tmp_path / "model"), "--concurrency", "1", "2", "--block-sizes", "1", "2",
+          "--prefix-len", "4", "--repeats", "1", "--out", str(out)])
+    costs = json.loads(out.read_text())["costs"]
+    assert sorted(costs) == ["1", "2"] and sorted(costs["2"]) == ["1", "2"]
+    assert costs["2"]["2"]["draft"] > 0 and costs["2"]["1"]["draft"] == 0  # B = 1 is a plain step: no draft
