@@ -72,10 +72,12 @@ class _TimedProcessor:
         return self.call(*args, **kwargs)
 
 
-def run_engine(model, enc, block: int, max_new: int, eos: list[int]) -> dict:
-    """LinearSS with block `block` (1: plain steps) on a static batch, every phase timed."""
+def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str = "linear") -> dict:
+    """LinearSS with block `block` (1: plain steps) on a static batch, every phase timed; `mode="recguide"`: the
+    same with RecGuide's branches carried in every round (no cost table, so no rule drops them)."""
     clock = Clock()
-    config = DecodingConfig(mode="linear", block_size=block)
+    config = (DecodingConfig(mode="linear", block_size=block) if mode == "linear"
+              else DecodingConfig(mode="recguide", block_size=block, cost_table=None))
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=eos, pad_token_id=model.config.pad_token_id)
     engine = Engine(as_backbone(model), config, settings)
     engine.backbone.forward = clock.wrap("forward", engine.backbone.forward)
@@ -106,6 +108,8 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, nargs="+", default=[1, 8])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mode", choices=["linear", "recguide"], default="linear",
+                   help="recguide: branches ride in every round (where their host-side work goes)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
@@ -126,7 +130,7 @@ def main(argv=None):
             ref = model.generate(**enc, max_new_tokens=args.tokens, do_sample=False, recguide_mode="ar")
             per["hf"].append({"wall": time.perf_counter() - t1 - (t1 - t0)})  # decode steps, prefill taken off
             for b in args.blocks:
-                run = run_engine(model, enc, b, args.tokens, eos)
+                run = run_engine(model, enc, b, args.tokens, eos, args.mode)
                 assert torch.equal(run.pop("sequences")[:, :ref.shape[1]], ref), f"C={c} B={b}: output != HF greedy"
                 per[b].append(run)
         hf_step = statistics.median(r["wall"] for r in per["hf"]) / (args.tokens - 1)
@@ -146,7 +150,7 @@ def main(argv=None):
             }
         print(json.dumps(row), flush=True)
         results.append(row)
-    save_run(args.out, {"results": results, "tokens": args.tokens, "repeats": args.repeats})
+    save_run(args.out, {"results": results, "tokens": args.tokens, "repeats": args.repeats, "mode": args.mode})
 
 
 if __name__ == "__main__":
