@@ -6,8 +6,9 @@ Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/virtual_b200
 a GPU cost table), eval/results/round_profile*.json, serve_profile*.json,
 engine.json, model_cards/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and
 rewrites the text between the results markers, the speed sentence of the introduction (between the speed
-markers), the round-time, serving-time and branch tables of "How it works" (between the round, serve and branches
-markers), and the lm-eval parity table of docs/lm_eval.md (between its parity markers).
+markers), the compile note of the performance notes (between the compile markers), the round-time, serving-time
+and branch tables of "How it works" (between the round, serve and branches markers), and the lm-eval parity table
+of docs/lm_eval.md (between its parity markers).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SPEED = ("<!-- speed:start -->", "<!-- speed:end -->")
 ROUND = ("<!-- round:start -->", "<!-- round:end -->")
 SERVE = ("<!-- serve:start -->", "<!-- serve:end -->")
 BRANCHES = ("<!-- branches:start -->", "<!-- branches:end -->")
+COMPILE = ("<!-- compile:start -->", "<!-- compile:end -->")
 PARITY = ("<!-- parity:start -->", "<!-- parity:end -->")  # docs/lm_eval.md
 CARDS = ROOT / "model_cards"
 
@@ -88,6 +90,43 @@ def speed_sentence(bench: dict) -> str:
             + f"Every method's greedy output equalled plain HF greedy: {'yes' if lossless else 'NO'}. "
             "Other hardware has other costs (`recguide profile` measures them); Results has every method and the "
             "commands.")
+
+
+def _span(values) -> str:
+    low, high = f"{min(values):.0f}", f"{max(values):.0f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def compile_note(bench: dict) -> str:
+    """When compiling pays, from the latest bench: `recguide:compile=true` against eager `recguide` per C
+    (`bench.compile_rows`), its warm-up (cold or warm compile cache, as the bench recorded it) and the tokens after
+    which it is repaid."""
+    from recguide_hf.bench import compile_rows
+
+    rows = compile_rows(bench)
+    if not rows:
+        return ("**Compiling.** Not in the latest bench: `recguide bench --methods recguide recguide:compile=true` "
+                "measures it.")
+    env = bench["environment"]
+    cache = env.get("compile_cache")
+    state = ("an empty compile cache, a cold start" if cache and cache["empty"] else
+             "kernels of earlier processes in the compile cache" if cache else "a compile cache of unrecorded state")
+    first, later = rows[0], [r["warmup_s"] for r in rows[1:] if r["warmup_s"] is not None]
+    faster = [r for r in rows if r["ratio"] > 1]
+    text = (f"**Compiling** (`recguide_compile=true`; latest `recguide bench`, {env['hardware']}, {env['threads']} "
+            f"threads, commit {env['git_commit']}). Compiled / eager aggregate tokens/s: "
+            + ", ".join(f"x{r['ratio']:.2f} at C={r['concurrency']}" for r in rows) + ". "
+            f"Warm-up (the untimed first pass that compiles, left out of those ratios): {first['warmup_s']:.0f} s at "
+            f"C={first['concurrency']}, from {state}"
+            + (f"; {_span(later)} s at each later C, which reuses most graphs" if later else "")
+            + ". ")
+    if not faster:
+        return text + "It was not faster at any C: the default stays eager."
+    return text + ("Where it was faster the warm-up is repaid after "
+                   + ", ".join(f"{r['repaid_tokens']:,.0f} tokens at C={r['concurrency']}" for r in faster)
+                   + " at those rates: compiling pays only in a long-running process (a server, a long evaluation) "
+                     "that decodes more than that at those loads, never for one short call, so the default stays "
+                     "eager.")
 
 
 def round_table(res: Path) -> str:
@@ -364,7 +403,9 @@ def main():
     head, rest = text.split(START, 1)
     text = head + block + rest.split(END, 1)[1]
     if (res / "bench.json").exists():
-        text = replace_between(text, SPEED, speed_sentence(json.loads((res / "bench.json").read_text())))
+        bench = json.loads((res / "bench.json").read_text())
+        text = replace_between(text, SPEED, speed_sentence(bench))
+        text = replace_between(text, COMPILE, compile_note(bench), sep="")
     text = replace_between(text, ROUND, round_table(res))
     text = replace_between(text, SERVE, serve_table(res))
     text = replace_between(text, BRANCHES, branch_table(res))

@@ -91,6 +91,15 @@ def compiles(method: str) -> bool:
     return base == "ar-compile" or overrides.get("recguide_compile", "").lower() in ("true", "1")
 
 
+def compile_cache_state() -> dict:
+    """torch's on-disk compile cache (inductor's kernels) as a bench starts: `empty` means a compiling method's first
+    warm-up of the run is a cold start; kernels that earlier processes compiled make it cheaper."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    path = Path(cache_dir())
+    return {"dir": str(path), "empty": not (path.is_dir() and any(path.iterdir()))}
+
+
 def compile_config():
     """HF's own automatic compilation of the decoding forward (what `generate` does by itself on CUDA with a
     static cache), switched on for every device."""
@@ -566,26 +575,38 @@ def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str
     return "\n".join(lines), (min(ratios) if ratios else None)
 
 
-def compile_table(result: dict, method: str = "recguide") -> str | None:
-    """Per C: `method` compiled (`method:compile=true`) against eager, with the warm-up and the tokens after which
-    it is repaid: warm-up / (seconds per token eager - compiled), at the run's aggregate rates. None: not run."""
+def compile_rows(result: dict, method: str = "recguide") -> list[dict]:
+    """Per C where both ran: `method` eager and compiled (`method:compile=true`) rows, the compiled / eager ratio,
+    the warm-up and `repaid_tokens`, after which it is repaid: warm-up / (seconds per token eager - compiled), at
+    the run's aggregate rates (None: never, or no warm-up recorded)."""
     compiled = f"{method}:compile=true"
     by = {(r["method"], r["concurrency"]): r for r in result["rows"]}
-    cs = sorted(c for m, c in by if m == compiled and (method, c) in by)
-    if not cs:
-        return None
-    lines = [f"| C | {method} (eager) tok/s | {compiled} tok/s | ratio | ratio in each repeat | warm-up s | "
-             "repaid after (tokens) | = AR |", "|---|---|---|---|---|---|---|---|"]
-    for c in cs:
+    out = []
+    for c in sorted(c for m, c in by if m == compiled and (method, c) in by):
         eager, comp = by[(method, c)], by[(compiled, c)]
-        ratio = comp["aggregate_tps"] / eager["aggregate_tps"]
-        paired = _paired_ratios(comp, eager)
         saved = 1 / eager["aggregate_tps"] - 1 / comp["aggregate_tps"]  # seconds per token
         warm = comp.get("warmup_s")
-        repaid = f"{warm / saved:,.0f}" if warm is not None and saved > 0 else "never"
+        out.append({"concurrency": c, "eager": eager, "compiled": comp, "warmup_s": warm,
+                    "ratio": comp["aggregate_tps"] / eager["aggregate_tps"],
+                    "repaid_tokens": warm / saved if warm is not None and saved > 0 else None})
+    return out
+
+
+def compile_table(result: dict, method: str = "recguide") -> str | None:
+    """Per C: `method` compiled (`method:compile=true`) against eager, with the warm-up and the tokens after which
+    it is repaid (`compile_rows`). None: not run."""
+    rows = compile_rows(result, method)
+    if not rows:
+        return None
+    lines = [f"| C | {method} (eager) tok/s | {method}:compile=true tok/s | ratio | ratio in each repeat | warm-up s | "
+             "repaid after (tokens) | = AR |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        eager, comp, warm = r["eager"], r["compiled"], r["warmup_s"]
+        repaid = f"{r['repaid_tokens']:,.0f}" if r["repaid_tokens"] is not None else "never"
         eq = "yes" if eager["equal_to_ar"] and comp["equal_to_ar"] else "NO"
-        lines.append(f"| {c} | {eager['aggregate_tps']:.1f} | {comp['aggregate_tps']:.1f} | x{ratio:.2f} | "
-                     f"{paired or '-'} | {f'{warm:.0f}' if warm is not None else '-'} | {repaid} | {eq} |")
+        lines.append(f"| {r['concurrency']} | {eager['aggregate_tps']:.1f} | {comp['aggregate_tps']:.1f} | "
+                     f"x{r['ratio']:.2f} | {_paired_ratios(comp, eager) or '-'} | "
+                     f"{f'{warm:.0f}' if warm is not None else '-'} | {repaid} | {eq} |")
     return "\n".join(lines)
 
 

@@ -252,6 +252,8 @@ def cmd_bench(args) -> int:
         VIRTUAL_METHODS,
         VirtualCosts,
         bench,
+        compile_cache_state,
+        compiles,
         environment,
         markdown_table,
         parse_method,
@@ -300,6 +302,8 @@ def cmd_bench(args) -> int:
     prompts = load_mixed((n + 1) // 2)
     steps = args.repeats * sum(len([m for m in methods if runs_at(m, c)]) for c in args.concurrency)
     env = environment(args.command_line)  # before the run: the commit that ran, even if HEAD moves meanwhile
+    if any(compiles(m) for m in methods):
+        env["compile_cache"] = compile_cache_state()  # cold or warm: what the first warm-up had to compile
     with tqdm(total=steps, desc="bench") as bar:
         result = bench(model, tokenizer, prompts, methods, args.concurrency, args.max_new_tokens, args.repeats,
                        args.prompts_per_slot, args.min_prompts, bar, plain_model=plain, assistant=assistant,

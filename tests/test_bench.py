@@ -232,3 +232,35 @@ def test_hf_fast_paths_equal_plain_greedy(monkeypatch):
     assert all(r["equal_to_ar"] for r in rows.values()) and ("hf-cb", 1) not in rows
     assert rows[("ar-compile", 1)]["warmup_s"] > 0 and "excluded s" in bench_module.markdown_table(result)
     assert "hf-cb" not in methods or rows[("hf-cb", 3)]["setup_s"] >= 0
+
+
+def test_readme_compile_note_reads_the_bench(tmp_path, monkeypatch):
+    """README's compile note (eval/update_readme.py) states each C's compiled / eager ratio, the first warm-up with
+    the compile cache's state as the bench recorded it, and the tokens that repay it where compiling was faster."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+    from update_readme import compile_note
+
+    from recguide_hf import bench as bench_module
+
+    def row(m, c, tps, **extra):
+        return {"method": m, "concurrency": c, "aggregate_tps": tps, "equal_to_ar": True, **extra}
+
+    env = {"hardware": "CPU: test", "threads": 2, "git_commit": "abc1234", "compile_cache": {"dir": "x", "empty": True}}
+    result = {"environment": env, "rows": [
+        row("recguide", 1, 150), row("recguide:compile=true", 1, 200, warmup_s=100.0),
+        row("recguide", 16, 600), row("recguide:compile=true", 16, 500, warmup_s=5.0)]}
+    note = compile_note(result)
+    assert "x1.33 at C=1, x0.83 at C=16" in note
+    assert "100 s at C=1, from an empty compile cache, a cold start; 5 s at each later C" in note
+    assert "repaid after 60,000 tokens at C=1 at those rates" in note  # 100 s / (1/150 - 1/200) s per token
+    result["rows"][1]["aggregate_tps"] = 140
+    assert "It was not faster at any C" in compile_note(result)
+    # the bench records the cache's state as it starts: empty folder (or none) = cold
+    monkeypatch.setattr("torch._inductor.runtime.cache_dir_utils.cache_dir", lambda: str(tmp_path / "cache"))
+    assert bench_module.compile_cache_state()["empty"]
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kernel.so").write_text("")
+    assert not bench_module.compile_cache_state()["empty"]
