@@ -76,8 +76,7 @@ def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str =
     """LinearSS with block `block` (1: plain steps) on a static batch, every phase timed; `mode="recguide"`: the
     same with RecGuide's branches carried in every round (no cost table, so no rule drops them)."""
     clock = Clock()
-    config = (DecodingConfig(mode="linear", block_size=block) if mode == "linear"
-              else DecodingConfig(mode="recguide", block_size=block, cost_table=None))
+    config = DecodingConfig(mode=mode, block_size=block)  # no cost table: no rule drops recguide's branches
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=eos, pad_token_id=model.config.pad_token_id)
     engine = Engine(as_backbone(model), config, settings)
     engine.backbone.forward = clock.wrap("forward", engine.backbone.forward)
