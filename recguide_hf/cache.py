@@ -78,6 +78,9 @@ class RowCache(Cache):
         # the model attends with `attention.ROW_RUNS` (set by the backbone): a forward over some rows then
         # reads their keys/values in place instead of gathering a copy per layer
         self.row_runs = False
+        # compiled forwards (compiled.py): every non-prefill forward writes with one scatter and reads without
+        # runs, so the cache's code paths do not multiply the graphs a compiled forward needs
+        self.uniform = False
 
     @classmethod
     def for_model(cls, model, num_rows: int, capacity: int) -> RowCache:
@@ -101,10 +104,10 @@ class RowCache(Cache):
         if kv_len > self.capacity:
             raise RuntimeError(f"RowCache capacity {self.capacity} exceeded ({kv_len} slots needed)")
         all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
-        start = int(base[0]) if all_rows and bool((base == base[0]).all()) else None
         fresh = not bool(base.any())
+        start = int(base[0]) if all_rows and not self.uniform and bool((base == base[0]).all()) else None
         runs = None
-        if self.row_runs and not fresh:
+        if self.row_runs and not self.uniform and not fresh:
             runs = row_runs(rows_cpu.tolist(), (base + query_len).tolist())
             if all_rows and runs is not None and len(runs) == 1:
                 runs = None  # every row at once over the full width: plain SDPA

@@ -1,14 +1,23 @@
 """`recguide_compile`: the backbone's forward through `torch.compile` (issue 28), eager staying the reference.
 
-One compiled callable wraps `Backbone.forward` with dynamic shapes, so rows, query widths and key widths are
-symbolic: a handful of graphs (plain step, draft, verify, fused verify + branches) serve every round instead of
-one per shape. On CUDA it uses `mode="reduce-overhead"` (CUDA graphs). What was measured so far (CPU, the bundled
-model, linear-8 at C = 2, one thread beside another process): the whole forward traces into one graph per kind
-with no graph break, greedy tokens equal eager's, the first serve spent minutes compiling 7 graphs, and later
-serves reuse them. Whether it pays is `recguide bench`'s question; the default stays eager.
+The forwards of a round come in four kinds, and each kind is compiled as its own function (its own code object,
+so its own dynamo cache and recompile budget): a plain step (one query per row), a draft forward (every token
+drafts), a verify forward (base weights only) and a mixed forward (verifier tokens, then draft tokens: branches,
+or `recguide_first_draft="verifier"`). Shapes are dynamic (rows, query widths and key widths are symbolic), so a
+handful of graphs per kind serve every round. On CUDA it uses `mode="reduce-overhead"` (CUDA graphs).
+
+Why per kind: one compiled `Backbone.forward` met its graph variants (draft mask kind, cache write path, one row
+or many) one after another, and at C = 2 the ninth variant hit dynamo's `recompile_limit` (8): from there the
+frame ran eagerly, so compiled RecGuide measured the same speed as eager at C >= 2. Two more things keep the
+variants few: a compiled forward always writes the cache with one scatter and reads it without row runs
+(`RowCache.uniform`), and prefills (one per request, a new width each time) run eagerly, as HF's compiled
+`generate` prefills eagerly too.
 
 `warmup_s` counts the seconds of forwards that compiled a new graph (what a call paid to compile), so they can
-be reported beside and left out of speed figures.
+be reported beside and left out of speed figures, and the adaptive policy does not read a compiling round as a
+price. A later call can still meet a variant the first did not (a bucket of one row, a subset of the rows), so
+a serve's compile seconds can be non-zero after a warm-up pass too: `recguide bench` leaves them out of the
+timing and reports them.
 """
 
 from __future__ import annotations
@@ -17,22 +26,63 @@ import time
 
 import torch
 
+KINDS = ("step", "draft", "verify", "mixed")
+
+
+def _step(backbone, *args, **kwargs):
+    return backbone.forward(*args, **kwargs)
+
+
+def _draft(backbone, *args, **kwargs):
+    return backbone.forward(*args, **kwargs)
+
+
+def _verify(backbone, *args, **kwargs):
+    return backbone.forward(*args, **kwargs)
+
+
+def _mixed(backbone, *args, **kwargs):
+    return backbone.forward(*args, **kwargs)
+
+
+def forward_kind(input_ids: torch.Tensor, draft_mask) -> str:
+    """Which compiled function serves a forward: its draft mask kind, else its query width."""
+    if draft_mask is True:
+        return "draft"
+    if draft_mask is not None and draft_mask is not False:
+        return "mixed"
+    return "step" if input_ids.shape[1] == 1 else "verify"
+
 
 class CompiledForward:
-    """Callable with `Backbone.forward`'s signature, compiled; tracks the time spent compiling."""
+    """Callable with `Backbone.forward`'s signature: prefills eager, every other forward compiled by kind; tracks
+    the time spent compiling."""
 
     def __init__(self, backbone):
         from torch._dynamo.utils import counters
 
         self._counters = counters
+        self.backbone = backbone
         mode = "reduce-overhead" if backbone.device.type == "cuda" else None
-        self.fn = torch.compile(backbone.forward, dynamic=True, mode=mode)
+        functions = {"step": _step, "draft": _draft, "verify": _verify, "mixed": _mixed}
+        self.fns = {kind: torch.compile(fn, dynamic=True, mode=mode) for kind, fn in functions.items()}
         self.warmup_s = 0.0
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
+        if cache._binding.fresh:  # a prefill: eager (each prompt length would be a new shape to guard)
+            return self.backbone.forward(input_ids, position_ids, attention_mask, cache, draft_mask, logits_to_keep)
+        fn = self.fns[forward_kind(input_ids, draft_mask)]
+        # contiguous inputs: a slice of a wider buffer has other strides, and dynamo guards on strides (a
+        # non-contiguous `input_ids` compiled a second verify graph in the middle of a timed bench pass)
+        input_ids, position_ids = input_ids.contiguous(), position_ids.contiguous()
+        if isinstance(attention_mask, torch.Tensor):
+            attention_mask = attention_mask.contiguous()
+        if isinstance(draft_mask, torch.Tensor):
+            draft_mask = draft_mask.contiguous()
         graphs = self._counters["stats"]["unique_graphs"]
         start = time.perf_counter()
-        out = self.fn(*args, **kwargs)
+        out = fn(self.backbone, input_ids, position_ids, attention_mask, cache, draft_mask=draft_mask,
+                 logits_to_keep=logits_to_keep)
         if self._counters["stats"]["unique_graphs"] != graphs:  # this call compiled something
             self.warmup_s += time.perf_counter() - start
         return out

@@ -163,11 +163,13 @@ class Engine:
             if self.stopper.ended:  # the user's criteria ended the whole batch in an earlier bucket
                 break
             start = time.perf_counter() if timed else 0.0
+            compiling = self.compile_warmup_s
             if block == 1:
                 self._plain_round(rows)
             else:
                 self._round(rows, block)
-            if timed:  # the policy corrects its cost table by what rounds really take here
+            # the policy corrects its cost table by what rounds really take here (not by a round that compiled)
+            if timed and self.compile_warmup_s == compiling:
                 if self.backbone.device.type == "cuda":
                     torch.cuda.synchronize(self.backbone.device)
                 self.policy.observe_round(rows.numel(), block, time.perf_counter() - start)
@@ -187,6 +189,8 @@ class Engine:
         branch_width = 4 * self.policy.max_block if self.config.branches_enabled else 0
         capacity = prompt_width + max_new + self.policy.max_block + branch_width
         self.cache = self.backbone.new_cache(num_rows, capacity)
+        if self._compiled is not None:  # few code paths, so few graphs per compiled forward kind (compiled.py)
+            self.cache.uniform, self.cache.row_runs = True, False
         self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
                               device=device)
         self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)

@@ -406,6 +406,32 @@ def test_a_whole_batch_stop_leaves_the_token_counts_true():
 
 
 @pytest.mark.slow
+def test_compiled_serving_stays_compiled():
+    """Closed-loop serving at C = 2 and 3 with every forward kind (prefills, plain steps and B = 8 rounds in
+    separate buckets, draft, verify and branch forwards, all rows and subsets): the compiled engine gives plain HF
+    greedy's tokens and never hits dynamo's recompile limit. One compiled `Backbone.forward` did at C = 2 (its
+    ninth graph variant), and from there ran eagerly: the per-kind functions and the cache's uniform paths keep
+    each kind's graphs few (compiled.py)."""
+    import torch._dynamo
+
+    class Alternate(BlockPolicy):
+        def plan(self, rows, stats, pending_has):
+            return torch.where((rows + stats.rounds[rows.cpu()].to(rows.device)) % 2 == 0, 1, 8)
+
+    torch._dynamo.reset()
+    model = tiny_model(seed=5)
+    prompts = random_prompts(7, 96, min_len=2, max_len=30, seed=17)
+    settings = SamplingSettings(max_new_tokens=14, eos_token_ids=[EOS], pad_token_id=PAD)
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for mode, slots in (("linear", 2), ("recguide", 3)):
+            cfg = DecodingConfig(mode=mode, block_size=8, compile=True)
+            records = Engine(as_backbone(model), cfg, settings, policy=Alternate(cfg)).serve(prompts, slots=slots)
+            for prompt, record in zip(prompts, records):
+                ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=14)[0, len(prompt):]
+                assert record["new_ids"] == ref.tolist(), (mode, slots)
+
+
+@pytest.mark.slow
 def test_compiled_forward_gives_eager_tokens():
     """`recguide_compile=True` (the backbone's forward through torch.compile, dynamic shapes): the same greedy tokens
     as plain HF greedy, for LinearSS and RecGuide (branches ride: no cost table), batched and left-padded; the first
