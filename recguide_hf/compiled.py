@@ -66,6 +66,7 @@ class CompiledForward:
         mode = "reduce-overhead" if backbone.device.type == "cuda" else None
         functions = {"step": _step, "draft": _draft, "verify": _verify, "mixed": _mixed}
         self.fns = {kind: torch.compile(fn, dynamic=True, mode=mode) for kind, fn in functions.items()}
+        self.cuda_graphs = mode == "reduce-overhead"
         self.warmup_s = 0.0
 
     def __call__(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
@@ -81,8 +82,12 @@ class CompiledForward:
             draft_mask = draft_mask.contiguous()
         graphs = self._counters["stats"]["unique_graphs"]
         start = time.perf_counter()
+        if self.cuda_graphs:  # a new step: earlier replays' outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
         out = fn(self.backbone, input_ids, position_ids, attention_mask, cache, draft_mask=draft_mask,
                  logits_to_keep=logits_to_keep)
         if self._counters["stats"]["unique_graphs"] != graphs:  # this call compiled something
             self.warmup_s += time.perf_counter() - start
-        return out
+        # a CUDA graph's output lives in its memory pool and the next replay overwrites it, but the engine keeps
+        # a forward's logits across the next forward (drafts for the next round come out of this verify): own it
+        return out.clone() if self.cuda_graphs else out
