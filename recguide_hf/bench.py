@@ -457,6 +457,7 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
         reference[i] = ref["records"][0]["new_ids"]
         if progress is not None:
             progress.set_description("reference outputs")
+
     def timed_run(m: str, c: int, n: int) -> dict:
         if parse_method(m)[0] in HF_METHODS:
             return run_hf(plain, tokenizer, prompts[:n], c, max_new_tokens, m, assistant, virtual)

@@ -16,8 +16,8 @@ variants few: a compiled forward always writes the cache with one scatter and re
 `warmup_s` counts the seconds of forwards that compiled a new graph (what a call paid to compile), so they can
 be reported beside and left out of speed figures, and the adaptive policy does not read a compiling round as a
 price. A later call can still meet a variant the first did not (a bucket of one row, a subset of the rows), so
-a serve's compile seconds can be non-zero after a warm-up pass too: `recguide bench` leaves them out of the
-timing and reports them.
+a serve's compile seconds can be non-zero after a warm-up pass too: `recguide bench` then counts that pass as
+warm-up and runs it again.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from __future__ import annotations
 import time
 
 import torch
-
-KINDS = ("step", "draft", "verify", "mixed")
 
 
 def _step(backbone, *args, **kwargs):
