@@ -136,8 +136,9 @@ def adapter_section(card: Path) -> list[str]:
     runs = "; ".join(_distill_command(x["args"]) for x in sessions)
     lines += [f"Training: {minutes:.0f} CPU minutes in all over {len(sessions)} session(s), "
               f"{sum(int(x['step']) for x in sessions)} steps, {sum(int(x['tokens']) for x in sessions):,} target "
-              f"tokens, each session continuing from the last one's adapter with fresh teacher data: {runs}. "
-              "Each ran on the 2-core machine with one thread (the first beside the draft model's training).", "",
+              f"tokens, each session continuing from the last one's adapter (the teacher data each used is in its "
+              f"command): {runs}. Each ran on the 2-core machine with the threads its command names "
+              "(`--threads`; the first beside the draft model's training).", "",
               "![tau curve](draft_lora/tau_curve.png)", "",
               "The curve is the accepted-run estimate of LinearSS tau on held-out prompts (24 code, 24 prose; "
               "never training text) during training: a draft block at anchor t accepts the leading run of positions "
