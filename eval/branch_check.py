@@ -56,6 +56,8 @@ def forward_costs(model, c: int, block: int, prefix: int, repeats: int, compiled
     cache.lengths[:] = prefix
     rows = torch.arange(c, device=device)
     forward = CompiledForward(backbone) if compiled else None
+    if forward is not None:  # the cache layout a compiled engine serves with
+        forward.adapt(cache)
 
     def timer(q, intra, draft_from=None):
         return _forward_timer(backbone, cache, rows, q, intra, draft_from, forward)

@@ -187,13 +187,18 @@ def _output_file(out: str | None, model: str | None, name: str) -> Path:
 def cmd_profile(args) -> int:
     from tqdm import tqdm
 
+    from .costs import compiled_table
     from .profile import profile_costs
 
-    out = _output_file(args.out, args.model, "cost_table.json")
+    name = "cost_table.json"
+    out = _output_file(args.out, args.model, str(compiled_table(name)) if args.compile else name)
     _, model = load(args.model, args.dtype, args.device, with_tokenizer=False)  # forwards of random ids
-    with tqdm(total=len(args.concurrency), desc="profile", unit="C") as bar:
-        table = profile_costs(model, args.concurrency, args.block_sizes, args.prefix_len, args.repeats, bar)
+    with tqdm(total=len(args.concurrency), desc="profile" + (" (compiled)" if args.compile else ""), unit="C") as bar:
+        table = profile_costs(model, args.concurrency, args.block_sizes, args.prefix_len, args.repeats, bar,
+                              compiled=args.compile)
     out.write_text(json.dumps(table, indent=1) + "\n")
+    if args.compile:
+        print(f"compile warm-up (untimed first passes): {table['compile_warmup_s']:.0f} s")
     for c, per_b in table["costs"].items():
         print(f"C={c:>3} " + "  ".join(f"B={b}: draft {v['draft'] * 1e3:.1f} ms, verify "
                                        + "/".join(f"{t * 1e3:.1f}" for t in v["verify"])
@@ -352,7 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--dtype", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default=None, help="default: MODEL/cost_table.json")
+    p.add_argument("--compile", action="store_true",
+                   help="time the forwards compiled (recguide_compile): the table a compiled engine's policy reads")
+    p.add_argument("--out", default=None,
+                   help="default: MODEL/cost_table.json (--compile: MODEL/cost_table_compiled.json)")
     p.set_defaults(func=cmd_profile)
 
     c = sub.add_parser("calibrate", help="fit the value table V_B(s, z) of the adaptive block policy")

@@ -67,6 +67,12 @@ class CompiledForward:
         self.cuda_graphs = mode == "reduce-overhead"
         self.warmup_s = 0.0
 
+    @staticmethod
+    def adapt(cache):
+        """Set a cache up for compiled forwards: one scatter write, reads without row runs (few graphs per kind)."""
+        cache.uniform, cache.row_runs = True, False
+        return cache
+
     def __call__(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
         if cache._binding.fresh:  # a prefill: eager (each prompt length would be a new shape to guard)
             return self.backbone.forward(input_ids, position_ids, attention_mask, cache, draft_mask, logits_to_keep)

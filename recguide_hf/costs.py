@@ -9,6 +9,13 @@ import json
 from pathlib import Path
 
 
+def compiled_table(path: str | Path) -> Path:
+    """Where the compiled forwards' table of a cost table lives (`recguide profile --compile`): beside it, with
+    `_compiled` after its stem (`cost_table.json` -> `cost_table_compiled.json`)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}_compiled{path.suffix}")
+
+
 class CostTable:
     """Lookup with linear interpolation in C (and nearest known B)."""
 

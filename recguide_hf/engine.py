@@ -190,7 +190,7 @@ class Engine:
         capacity = prompt_width + max_new + self.policy.max_block + branch_width
         self.cache = self.backbone.new_cache(num_rows, capacity)
         if self._compiled is not None:  # few code paths, so few graphs per compiled forward kind (compiled.py)
-            self.cache.uniform, self.cache.row_runs = True, False
+            self._compiled.adapt(self.cache)
         self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
                               device=device)
         self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)

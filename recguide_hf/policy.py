@@ -53,7 +53,7 @@ import torch
 
 from .calibrate import ValueTable, accepted_signal
 from .config import PAPER_BLOCK_SIZES, DecodingConfig
-from .costs import CostTable
+from .costs import CostTable, compiled_table
 
 ONLINE_RATE = 0.05  # weight of the newest round in the running means of log(measured / table seconds)
 
@@ -124,7 +124,10 @@ class BlockPolicy:
                 p = Path(base_dir) / p
             return p
 
-        costs = CostTable.load(resolve(config.cost_table)) if config.cost_table else None
+        table = resolve(config.cost_table) if config.cost_table else None
+        if table is not None and config.compile and compiled_table(table).exists():
+            table = compiled_table(table)  # compiled forwards cost differently in kind (profile.py)
+        costs = CostTable.load(table) if table is not None else None
         values = ValueTable.load(resolve(config.value_table)) if config.value_table else None
         return cls(config, costs, values, prices)
 

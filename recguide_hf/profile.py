@@ -14,6 +14,12 @@ unmasked for one request and masked for several (requests in flight together hav
 Within one C the parts of all block sizes are timed in turn, pass after pass, and each keeps its median
 (`profile_costs`). The table is what the block-size policy and the branch rule read;
 `recguide profile --out DIR/cost_table.json` regenerates it for other hardware.
+
+`compiled=True` (`recguide profile --compile`) times the forwards through `recguide_compile`'s compiled forward
+on the cache layout a compiled engine uses (the first, untimed pass compiles; its seconds come back as
+`compile_warmup_s`): a compiled engine's costs differ in kind, not only in scale (the adapter's per-token
+routing is fused, framework overhead mostly gone), so a policy serving compiled reads its own table
+(`cost_table_compiled.json`, `BlockPolicy.from_config`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import time
 
 import torch
 
+from .compiled import CompiledForward
 from .config import BLOCK_SIZES, DecodingConfig
 from .engine import Engine, SamplingSettings
 from .masks import block_intra, build_mask, causal_intra, positions
@@ -123,7 +130,7 @@ def interleaved_medians(timers: dict, repeats: int) -> dict:
 
 @torch.no_grad()
 def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLOCK_SIZES, prefix_len: int = 256,
-                  repeats: int = 5, progress=None) -> dict:
+                  repeats: int = 5, progress=None, compiled: bool = False) -> dict:
     """Seconds per forward, and of the engine's work around them per round:
     {"C": {"B": {"draft": t, "verify": [t(S=0), t(S=1), t(S=2), t(S=3)], "host": t}}}.
 
@@ -133,20 +140,23 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
     most is their ratios (a whole C row measured slow only rescales rho_C)."""
     backbone = as_backbone(model)
     device = backbone.device
+    forward = CompiledForward(backbone) if compiled else None
     table: dict = {}
     for c in concurrencies:
         cache = backbone.new_cache(c, prefix_len + 5 * max(block_sizes))
+        if forward is not None:
+            forward.adapt(cache)
         cache.lengths[:] = prefix_len  # attention cost does not depend on what the prefix holds
         rows = torch.arange(c, device=device)
         timers = {}
         for b in block_sizes:
             if b == 1:
-                timers[b, "step"] = _forward_timer(backbone, cache, rows, 1, causal_intra(c, 1, device))
+                timers[b, "step"] = _forward_timer(backbone, cache, rows, 1, causal_intra(c, 1, device), None, forward)
             else:
-                timers[b, "draft"] = _forward_timer(backbone, cache, rows, b, block_intra(c, b, device), 0)
+                timers[b, "draft"] = _forward_timer(backbone, cache, rows, b, block_intra(c, b, device), 0, forward)
                 for s in range(4):  # S branch segments after the verifier's b tokens are draft tokens
                     timers[b, s] = _forward_timer(backbone, cache, rows, b * (1 + s),
-                                                  causal_intra(c, b * (1 + s), device), b if s else None)
+                                                  causal_intra(c, b * (1 + s), device), b if s else None, forward)
             timers[b, "host"] = _host_timer(backbone, c, b)
         med = interleaved_medians(timers, repeats)
         table[str(c)] = {}
@@ -161,6 +171,7 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
             progress.update(1)
     return {"costs": table, "prefix_len": prefix_len, "device": str(device), "dtype": str(backbone.dtype),
             "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "repeats": repeats, "timing": "interleaved"}
+            "threads": torch.get_num_threads(), "repeats": repeats, "timing": "interleaved", "compiled": compiled,
+            **({"compile_warmup_s": forward.warmup_s} if forward is not None else {})}
 
 

@@ -1,5 +1,6 @@
 """Adaptive drafting: signals, V fitting with a known answer, policy choices, bucketing, branch rule."""
 
+import json
 import math
 
 import pytest
@@ -187,6 +188,20 @@ def test_profile_table_has_every_part_of_a_round(model):
         assert block["draft"] > 0 and len(block["verify"]) == 4
         assert step["host"] > 0 and block["host"] > 0
         assert costs.round_cost(int(c), 4) == pytest.approx(block["draft"] + block["verify"][0] + block["host"])
+
+
+def test_a_compiled_engine_reads_the_compiled_cost_table(tmp_path):
+    def table(draft):
+        return {"costs": {"1": {"8": {"draft": draft, "verify": [0.01, 0.02, 0.03, 0.04], "host": 0.0}}}}
+
+    (tmp_path / "cost_table.json").write_text(json.dumps(table(0.05)))
+    config = DecodingConfig(block_size=8, cost_table="cost_table.json")
+    assert BlockPolicy.from_config(config, tmp_path).costs.draft(1, 8) == 0.05
+    compiled = DecodingConfig(block_size=8, cost_table="cost_table.json", compile=True)
+    assert BlockPolicy.from_config(compiled, tmp_path).costs.draft(1, 8) == 0.05  # none measured: the eager one
+    (tmp_path / "cost_table_compiled.json").write_text(json.dumps(table(0.002)))
+    assert BlockPolicy.from_config(compiled, tmp_path).costs.draft(1, 8) == 0.002
+    assert BlockPolicy.from_config(config, tmp_path).costs.draft(1, 8) == 0.05
 
 
 def _plan_mixed(costs, values, c=8):
@@ -386,7 +401,7 @@ def test_profile_times_block_sizes_in_turn(model, monkeypatch):
         return once
 
     # pass 0 (warm-up) reads 9 s; then B=4's draft reads 1, 2, 30 s (median 2)
-    monkeypatch.setattr(profile, "_forward_timer", lambda bb, cache, rows, q, intra, draft_from=None: timer(
+    monkeypatch.setattr(profile, "_forward_timer", lambda bb, cache, rows, q, intra, draft_from=None, fwd=None: timer(
         (rows.numel(), q, draft_from), [9.0, 1.0, 2.0, 30.0]))
     monkeypatch.setattr(profile, "_host_timer", lambda bb, c, b: timer((c, "host", b), [9.0, 0.1, 0.1, 0.1]))
     table = profile.profile_costs(model, concurrencies=(1, 2), block_sizes=(1, 4), prefix_len=8, repeats=3)
