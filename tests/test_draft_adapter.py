@@ -159,3 +159,6 @@ def test_column_suffix_routing_with_gradients():
     assert not torch.allclose(suffix[:, 3:], base[:, 3:], atol=1e-3)
     suffix[:, 3:].sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.parameters())
+    assert all("forward" not in m.__dict__ and not m._forward_hooks for m in model.modules())  # nothing stays
+    with torch.no_grad(), route(adapter, 3):  # the in-place form gives the same logits
+        torch.testing.assert_close(model(ids).logits, suffix.detach(), atol=1e-6, rtol=1e-6)
