@@ -17,9 +17,11 @@ Within one C the parts of all block sizes are timed in turn, pass after pass, an
 
 `compiled=True` (`recguide profile --compile`) times the forwards through `recguide_compile`'s compiled forward
 on the cache layout a compiled engine uses (the first, untimed pass compiles; its seconds come back as
-`compile_warmup_s`): a compiled engine's costs differ in kind, not only in scale (the adapter's per-token
-routing is fused, framework overhead mostly gone), so a policy serving compiled reads its own table
-(`cost_table_compiled.json`, `BlockPolicy.from_config`).
+`compile_warmup_s`). A policy serving compiled reads such a table when the model folder has one
+(`cost_table_compiled.json`, `BlockPolicy.from_config`). On the bundled model and a 2-core CPU it did not pay:
+the full profile read a 64-row compiled plain step at 78 ms where a profile of C = 64 alone read 45 ms, which
+steered the compiled policy off plain steps at C = 64, and at C = 1 and 16 it served as fast as the eager table
+(`eval/results/compiled_table_ab`), so the bundled folder ships none.
 """
 
 from __future__ import annotations
