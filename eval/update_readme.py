@@ -195,25 +195,27 @@ def branch_table(res: Path) -> str:
 
     data = json.loads(path.read_text())
     env, rows = data["environment"], data["results"]
-    pays = [r for r in rows if r["coverage"] > r["break_even_coverage"]]
     free = [r for r in rows if r["coverage"] > break_even_without_routing(r)]
+
+    def paying(results):
+        return [r for r in results if r["coverage"] > r["break_even_coverage"]]
 
     def cases(group):
         return ", ".join(f"C = {r['concurrency']}, B = {r['block']}" for r in group) or "none"
 
+    pays = paying(rows)
     text = (markdown(data) + f"\n\nMeasured with `{env['command']}` ({env['hardware']}, {env['threads']} threads, "
             f"commit {env['git_commit']}) on an idle machine. Coverage was {min(r['coverage'] for r in rows):.0%} to "
             f"{max(r['coverage'] for r in rows):.0%} (the paper reports about 75% of rounds hit on NLD-8B); where it "
             f"beats the break-even: {cases(pays)}; where it would if the adapter's per-token routing cost nothing: "
             f"{cases(free)}." + (" So here the cost rule is right to keep branches off." if not pays else ""))
     compiled = res / "branch_check_compiled.json"
-    if compiled.exists():  # the same check through recguide_compile's compiled forward (routing fused)
+    if compiled.exists():  # the same check through recguide_compile's compiled forward (routing inside the graph)
         data = json.loads(compiled.read_text())
-        env, rows = data["environment"], data["results"]
-        pays = [r for r in rows if r["coverage"] > r["break_even_coverage"]]
+        env = data["environment"]
         text += (f"\n\nThe same with the forwards compiled (`{env['command']}`, commit {env['git_commit']}, the "
                  "warm-up untimed; the routing is part of the compiled graph):\n\n" + markdown(data)
-                 + f"\n\nWhere coverage beats the break-even compiled: {cases(pays)}.")
+                 + f"\n\nWhere coverage beats the break-even compiled: {cases(paying(data['results']))}.")
     return text
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -150,15 +151,15 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
             forward.adapt(cache)
         cache.lengths[:] = prefix_len  # attention cost does not depend on what the prefix holds
         rows = torch.arange(c, device=device)
+        timer = partial(_forward_timer, backbone, cache, rows, forward=forward)  # (q, intra, draft_from=None)
         timers = {}
         for b in block_sizes:
             if b == 1:
-                timers[b, "step"] = _forward_timer(backbone, cache, rows, 1, causal_intra(c, 1, device), None, forward)
+                timers[b, "step"] = timer(1, causal_intra(c, 1, device))
             else:
-                timers[b, "draft"] = _forward_timer(backbone, cache, rows, b, block_intra(c, b, device), 0, forward)
+                timers[b, "draft"] = timer(b, block_intra(c, b, device), 0)
                 for s in range(4):  # S branch segments after the verifier's b tokens are draft tokens
-                    timers[b, s] = _forward_timer(backbone, cache, rows, b * (1 + s),
-                                                  causal_intra(c, b * (1 + s), device), b if s else None, forward)
+                    timers[b, s] = timer(b * (1 + s), causal_intra(c, b * (1 + s), device), b if s else None)
             timers[b, "host"] = _host_timer(backbone, c, b)
         med = interleaved_medians(timers, repeats)
         table[str(c)] = {}

@@ -401,8 +401,8 @@ def test_profile_times_block_sizes_in_turn(model, monkeypatch):
         return once
 
     # pass 0 (warm-up) reads 9 s; then B=4's draft reads 1, 2, 30 s (median 2)
-    monkeypatch.setattr(profile, "_forward_timer", lambda bb, cache, rows, q, intra, draft_from=None, fwd=None: timer(
-        (rows.numel(), q, draft_from), [9.0, 1.0, 2.0, 30.0]))
+    monkeypatch.setattr(profile, "_forward_timer", lambda bb, cache, rows, q, intra, draft_from=None, forward=None:
+                        timer((rows.numel(), q, draft_from), [9.0, 1.0, 2.0, 30.0]))
     monkeypatch.setattr(profile, "_host_timer", lambda bb, c, b: timer((c, "host", b), [9.0, 0.1, 0.1, 0.1]))
     table = profile.profile_costs(model, concurrencies=(1, 2), block_sizes=(1, 4), prefix_len=8, repeats=3)
     per_pass = 1 + 1 + 1 + 4 + 1  # B=1: step, host; B=4: draft, 4 verify shapes, host
