@@ -31,6 +31,9 @@ class Binding:
     fresh: bool = False  # every row starts empty (a prefill): it sees exactly the keys/values it writes
     # runs of slots read in place, each over the key width its rows need (attention.py); None: one SDPA call
     runs: list[tuple[int, int, int, int]] | None = None
+    # whether `runs` is set, as a bool: what a compiled forward's cache code reads (a guard on the list itself
+    # could tie a graph to the number of runs)
+    in_runs: bool = False
 
 
 def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
@@ -78,8 +81,9 @@ class RowCache(Cache):
         # the model attends with `attention.ROW_RUNS` (set by the backbone): a forward over some rows then
         # reads their keys/values in place instead of gathering a copy per layer
         self.row_runs = False
-        # compiled forwards (compiled.py): every non-prefill forward writes with one scatter and reads without
-        # runs, so the cache's code paths do not multiply the graphs a compiled forward needs
+        # compiled forwards (compiled.py): every non-prefill forward writes with one scatter and, where it reads
+        # runs, always through the runs op (attention.py), so the cache's code paths do not multiply the graphs a
+        # compiled forward needs
         self.uniform = False
 
     @classmethod
@@ -107,11 +111,11 @@ class RowCache(Cache):
         fresh = not bool(base.any())
         start = int(base[0]) if all_rows and not self.uniform and bool((base == base[0]).all()) else None
         runs = None
-        if self.row_runs and not self.uniform and not fresh:
+        if self.row_runs and not fresh:
             runs = row_runs(rows_cpu.tolist(), (base + query_len).tolist())
-            if all_rows and runs is not None and len(runs) == 1:
-                runs = None  # every row at once over the full width: plain SDPA
-        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs)
+            if all_rows and runs is not None and len(runs) == 1 and not self.uniform:
+                runs = None  # every row at once over the full width: plain SDPA (compiled: the op, one graph)
+        return Binding(rows.to(self.device), write_pos, kv_len, all_rows, start, fresh, runs, runs is not None)
 
     def use(self, binding: Binding) -> None:
         self._binding = binding
@@ -148,7 +152,7 @@ class RowCache(Cache):
             self.keys[layer_idx][row_idx, :, b.write_pos] = key_states.transpose(1, 2).to(self.keys[layer_idx].dtype)
             self.values[layer_idx][row_idx, :, b.write_pos] = value_states.transpose(1, 2).to(
                 self.values[layer_idx].dtype)
-        if b.all_rows or b.runs is not None:  # views; a subset's attention reads its runs of them in place
+        if b.all_rows or b.in_runs:  # views; a subset's attention reads its runs of them in place
             return self.keys[layer_idx][:, :, :b.kv_len], self.values[layer_idx][:, :, :b.kv_len]
         return self.keys[layer_idx][b.rows, :, :b.kv_len], self.values[layer_idx][b.rows, :, :b.kv_len]
 

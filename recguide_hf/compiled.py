@@ -9,9 +9,9 @@ handful of graphs per kind serve every round. On CUDA it uses `mode="reduce-over
 Why per kind: one compiled `Backbone.forward` met its graph variants (draft mask kind, cache write path, one row
 or many) one after another, and at C = 2 the ninth variant hit dynamo's `recompile_limit` (8): from there the
 frame ran eagerly, so compiled RecGuide measured the same speed as eager at C >= 2. Two more things keep the
-variants few: a compiled forward always writes the cache with one scatter and reads it without row runs
-(`RowCache.uniform`), and prefills (one per request, a new width each time) run eagerly, as HF's compiled
-`generate` prefills eagerly too.
+variants few: a compiled forward always writes the cache with one scatter and reads it through the row-runs op
+whenever the cache reads runs (`RowCache.uniform`; attention.py), and prefills (one per request, a new width each
+time) run eagerly, as HF's compiled `generate` prefills eagerly too.
 
 `warmup_s` counts the seconds of forwards that compiled a new graph (what a call paid to compile), so they can
 be reported beside and left out of speed figures, and the adaptive policy does not read a compiling round as a
@@ -67,10 +67,12 @@ class CompiledForward:
         self.cuda_graphs = mode == "reduce-overhead"
         self.warmup_s = 0.0
 
-    @staticmethod
-    def adapt(cache):
-        """Set a cache up for compiled forwards: one scatter write, reads without row runs (few graphs per kind)."""
-        cache.uniform, cache.row_runs = True, False
+    def adapt(self, cache):
+        """Set a cache up for compiled forwards: one scatter write and, where the cache reads runs, always the runs
+        op (few graphs per kind); under CUDA graphs one SDPA call over every row (a replay cannot re-read runs)."""
+        cache.uniform = True
+        if self.cuda_graphs:
+            cache.row_runs = False
         return cache
 
     def __call__(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):

@@ -179,3 +179,64 @@ def test_an_all_rows_forward_reads_each_run_only_as_far_as_it_needs(monkeypatch)
         logits[split] = engine._forward(torch.arange(5), query, torch.arange(2).expand(5, -1), causal_intra(5, 2))
     assert torch.allclose(logits[True], logits[False], atol=1e-5)
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
+
+
+def test_the_runs_op_attends_as_the_traced_runs_do():
+    """`recguide::row_runs_sdpa` (what a compiled forward calls; it reads the runs `set_runs` set when it runs) gives
+    the traced runs' output bit for bit, for a subset of the cache's rows, with and without a mask; torch's op
+    checker accepts its fake (shape-only) implementation, which is what a compiled graph is built from."""
+    from conftest import tiny_model
+
+    from recguide_hf import attention
+
+    model = tiny_model(seed=3)
+    layer = next(m for m in model.modules() if hasattr(m, "layer_idx"))
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim = model.config.num_attention_heads, model.config.num_key_value_heads, model.config.head_dim
+    query = torch.randn(3, heads, 2, dim, generator=g)
+    key, value = (torch.randn(6, kv_heads, 20, dim, generator=g) for _ in range(2))  # 6 cache rows, 20 slots
+    runs = [(0, 1, 2, 17), (2, 4, 1, 9)]  # query rows 0-1 are cache rows 1-2 (17 keys); row 2 is cache row 4
+    mask = torch.zeros(3, 1, 2, 20)
+    mask[..., 15:] = float("-inf")
+    attention.set_runs(runs)
+    try:
+        for m in (mask, None):
+            traced = attention._attend_runs(layer, query, key, value, m, runs, dropout=0.0, scaling=layer.scaling)
+            args = (query, key, value, m, layer.num_key_value_groups, True, 0.0, layer.scaling)
+            op = torch.ops.recguide.row_runs_sdpa(*args)
+            assert op.shape == (3, 2, heads, dim) and torch.equal(op, traced)
+            torch.library.opcheck(attention.row_runs_sdpa, args, test_utils=("test_schema", "test_faketensor"))
+    finally:
+        attention.set_runs(None)
+
+
+def test_a_compiled_attention_reads_new_runs_without_a_new_graph():
+    """Under torch.compile the runs reach attention only through the op, read when it runs: three layouts of rows
+    (one run, two runs, two runs over other slots) give the eager runs' output and compile one graph."""
+    import torch._dynamo
+    from conftest import tiny_model
+    from torch._dynamo.utils import counters
+
+    from recguide_hf import attention
+
+    torch._dynamo.reset()
+    model = tiny_model(seed=3)
+    layer = next(m for m in model.modules() if hasattr(m, "layer_idx"))
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim = model.config.num_attention_heads, model.config.num_key_value_heads, model.config.head_dim
+    query = torch.randn(2, heads, 3, dim, generator=g)
+    key, value = (torch.randn(5, kv_heads, 24, dim, generator=g) for _ in range(2))
+    mask = torch.zeros(2, 1, 3, 24)
+
+    def attend(q, k, v, m):
+        return attention.row_runs_attention(layer, q, k, v, m, dropout=0.0, scaling=layer.scaling)[0]
+
+    compiled = torch.compile(attend, dynamic=True, backend="aot_eager")  # the graph logic, without code generation
+    base = counters["stats"]["unique_graphs"]
+    try:
+        for runs in ([(0, 0, 2, 24)], [(0, 0, 1, 20), (1, 1, 1, 24)], [(0, 2, 1, 10), (1, 4, 1, 24)]):
+            attention.set_runs(runs)
+            assert torch.equal(compiled(query, key, value, mask), attend(query, key, value, mask)), runs
+            assert counters["stats"]["unique_graphs"] == base + 1, runs
+    finally:
+        attention.set_runs(None)

@@ -411,24 +411,41 @@ def test_compiled_serving_stays_compiled():
     separate buckets, draft, verify and branch forwards, all rows and subsets): the compiled engine gives plain HF
     greedy's tokens and never hits dynamo's recompile limit. One compiled `Backbone.forward` did at C = 2 (its
     ninth graph variant), and from there ran eagerly: the per-kind functions and the cache's uniform paths keep
-    each kind's graphs few (compiled.py)."""
+    each kind's graphs few (compiled.py). The forwards read the cache's rows in runs through one op (attention.py)."""
     import torch._dynamo
 
     class Alternate(BlockPolicy):
         def plan(self, rows, stats, pending_has):
             return torch.where((rows + stats.rounds[rows.cpu()].to(rows.device)) % 2 == 0, 1, 8)
 
+    from recguide_hf import attention
+
     torch._dynamo.reset()
     model = tiny_model(seed=5)
-    prompts = random_prompts(7, 96, min_len=2, max_len=30, seed=17)
     settings = SamplingSettings(max_new_tokens=14, eos_token_ids=[EOS], pad_token_id=PAD)
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        for mode, slots in (("linear", 2), ("recguide", 3)):
-            cfg = DecodingConfig(mode=mode, block_size=8, compile=True)
-            records = Engine(as_backbone(model), cfg, settings, policy=Alternate(cfg)).serve(prompts, slots=slots)
-            for prompt, record in zip(prompts, records):
-                ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=14)[0, len(prompt):]
-                assert record["new_ids"] == ref.tolist(), (mode, slots)
+
+    def serve_and_check(mode, slots, prompts):
+        cfg = DecodingConfig(mode=mode, block_size=8, compile=True)
+        records = Engine(as_backbone(model), cfg, settings, policy=Alternate(cfg)).serve(prompts, slots=slots)
+        for prompt, record in zip(prompts, records):
+            ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=14)[0, len(prompt):]
+            assert record["new_ids"] == ref.tolist(), (mode, slots)
+
+    calls, traced = [], attention._attend_runs
+
+    def counting(module, query, key, value, mask, runs, **kwargs):
+        calls.append(len(runs))
+        return traced(module, query, key, value, mask, runs, **kwargs)
+
+    attention._attend_runs = counting  # what the runs op runs (the prefills are eager and read no runs)
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            for mode, slots in (("linear", 2), ("recguide", 3)):
+                serve_and_check(mode, slots, random_prompts(7, 96, min_len=2, max_len=30, seed=17))
+    finally:
+        attention._attend_runs = traced
+    # the compiled forwards read the cache's rows in runs through the op, subsets of rows among them
+    assert calls and max(calls) > 1
 
 
 @pytest.mark.slow
