@@ -1,13 +1,20 @@
 """Where a round's time goes: model forwards vs. everything the engine does around them.
 
     python eval/round_profile.py --concurrency 1 16 --blocks 1 8 --out eval/results/round_profile.json
+    python eval/round_profile.py --compile --concurrency 1 --blocks 1 8 16 --batches 16 \
+        --out eval/results/round_profile_compiled.json
 
-For each concurrency C (a static batch of C held-out prompts) and block size B (B = 1: plain decoding steps
+For each concurrency C (a static batch of C held-out prompts; `--batches K`: K such batches of other prompts, one
+after the other, their times and tokens summed) and block size B (B = 1: plain decoding steps
 inside the engine), LinearSS decodes `--tokens` new tokens per request while every engine phase is timed
 with wall clocks around the engine's own methods; the time inside `Backbone.forward` is booked apart. HF's
 plain greedy `generate` on the same batch gives the reference cost of one decoding step. Run it on an idle
 machine: it times wall clock. (CPU: every op is synchronous, so the clocks measure the work; on CUDA they
 would measure launches, so this script refuses a CUDA model.)
+
+`--compile` profiles `recguide_compile=true` against HF's compiled decoding (static cache + compiled forward,
+the bench's `ar-compile`): one untimed pass of each per C compiles what the timed passes need (its seconds are
+reported as `warmup_s`), and the forwards are booked through the engine's compiled forward.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_mixed  # noqa: E402
 
 from recguide_hf import branches  # noqa: E402
-from recguide_hf.bench import save_run  # noqa: E402
+from recguide_hf.bench import compile_config, save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
@@ -72,14 +79,37 @@ class _TimedProcessor:
         return self.call(*args, **kwargs)
 
 
-def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str = "linear") -> dict:
+class _TimedForward:
+    """The engine's compiled forward with its calls timed (the wrapper must sit outside the compiled region)."""
+
+    def __init__(self, inner, clock: Clock):
+        self.inner, self.call = inner, clock.wrap("forward", inner.__call__)
+
+    def __call__(self, *args, **kwargs):
+        return self.call(*args, **kwargs)
+
+    def adapt(self, cache):
+        return self.inner.adapt(cache)
+
+    @property
+    def warmup_s(self) -> float:
+        return self.inner.warmup_s
+
+
+def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str = "linear",
+               compile: bool = False) -> dict:
     """LinearSS with block `block` (1: plain steps) on a static batch, every phase timed; `mode="recguide"`: the
-    same with RecGuide's branches carried in every round (no cost table, so no rule drops them)."""
+    same with RecGuide's branches carried in every round (no cost table, so no rule drops them); `compile`:
+    `recguide_compile=true` (its seconds spent compiling come back as `compile_s`)."""
     clock = Clock()
-    config = DecodingConfig(mode=mode, block_size=block)  # no cost table: no rule drops recguide's branches
+    # no cost table: no rule drops recguide's branches
+    config = DecodingConfig(mode=mode, block_size=block, compile=compile)
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=eos, pad_token_id=model.config.pad_token_id)
     engine = Engine(as_backbone(model), config, settings)
-    engine.backbone.forward = clock.wrap("forward", engine.backbone.forward)
+    if compile:
+        engine._compiled = _TimedForward(engine._compiled, clock)
+    else:
+        engine.backbone.forward = clock.wrap("forward", engine.backbone.forward)
     engine.policy.buckets = clock.wrap("plan", engine.policy.buckets)
     for phase, name in (("prefill", "_prefill"), ("draft", "_draft"), ("branch_plan", "_plan"),
                         ("verify", "_verify"), ("accept", "_accept"), ("commit", "_commit"),
@@ -97,7 +127,13 @@ def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str =
     sec = dict(clock.seconds)
     prefill = sec.pop("prefill", 0.0) + sec.pop("prefill_forward", 0.0)
     return {"wall": wall - prefill, "rounds": int(stats.rounds.max()), "seconds": sec,
-            "new_tokens": int(stats.new_tokens.sum()), "sequences": seqs}
+            "new_tokens": int(stats.new_tokens.sum()), "sequences": seqs, "compile_s": engine.compile_warmup_s or 0.0}
+
+
+def hf_generate(model, enc, max_new: int, compile: bool):
+    """HF's greedy generate: plain (`recguide_mode="ar"`), or compiled as the bench's `ar-compile` runs it."""
+    kw = dict(cache_implementation="static", compile_config=compile_config()) if compile else {}
+    return model.generate(**enc, max_new_tokens=max_new, do_sample=False, recguide_mode="ar", **kw)
 
 
 def main(argv=None):
@@ -107,33 +143,59 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, nargs="+", default=[1, 8])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batches", type=int, default=1,
+                   help="static batches of C prompts each (different prompts), one after the other per repeat")
     p.add_argument("--mode", choices=["linear", "recguide"], default="linear",
                    help="recguide: branches ride in every round (where their host-side work goes)")
+    p.add_argument("--compile", action="store_true",
+                   help="recguide_compile=true against HF's compiled decoding (static cache + compiled forward)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     tokenizer, model = load(args.model, "fp32")
     if next(model.parameters()).device.type != "cpu":
         raise SystemExit("round_profile.py times wall clocks around asynchronous CUDA launches; run it on the CPU")
-    prompts = load_mixed(max(args.concurrency))
+    prompts = load_mixed((max(args.concurrency) * args.batches + 1) // 2)
     eos = model.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos)
     results = []
     for c in args.concurrency:
-        enc = tokenizer(prompts[:c], return_tensors="pt", padding=True)
+        batches = [tokenizer(prompts[i * c:(i + 1) * c], return_tensors="pt", padding=True)
+                   for i in range(args.batches)]
         per = defaultdict(list)
-        for _ in range(args.repeats):  # interleaved: every method once per repeat
+        warmup = {}
+        if args.compile:  # untimed: compiles every shape the timed passes meet
             t0 = time.perf_counter()
-            model.generate(**enc, max_new_tokens=1, do_sample=False, recguide_mode="ar")
-            t1 = time.perf_counter()
-            ref = model.generate(**enc, max_new_tokens=args.tokens, do_sample=False, recguide_mode="ar")
-            per["hf"].append({"wall": time.perf_counter() - t1 - (t1 - t0)})  # decode steps, prefill taken off
+            for enc in batches:
+                hf_generate(model, enc, 1, True)
+                hf_generate(model, enc, args.tokens, True)
+            warmup["hf"] = round(time.perf_counter() - t0, 1)
             for b in args.blocks:
-                run = run_engine(model, enc, b, args.tokens, eos, args.mode)
-                assert torch.equal(run.pop("sequences")[:, :ref.shape[1]], ref), f"C={c} B={b}: output != HF greedy"
-                per[b].append(run)
-        hf_step = statistics.median(r["wall"] for r in per["hf"]) / (args.tokens - 1)
+                warmup[b] = round(sum(run_engine(model, enc, b, args.tokens, eos, args.mode, True)["compile_s"]
+                                      for enc in batches), 1)
+        for _ in range(args.repeats):  # interleaved: every method once per repeat
+            hf_wall, refs = 0.0, []
+            for enc in batches:
+                t0 = time.perf_counter()
+                hf_generate(model, enc, 1, args.compile)
+                t1 = time.perf_counter()
+                refs.append(hf_generate(model, enc, args.tokens, args.compile))
+                hf_wall += time.perf_counter() - t1 - (t1 - t0)  # decode steps, prefill taken off
+            per["hf"].append({"wall": hf_wall})
+            for b in args.blocks:
+                total = {"wall": 0.0, "rounds": 0, "new_tokens": 0, "seconds": defaultdict(float)}
+                for enc, ref in zip(batches, refs):
+                    run = run_engine(model, enc, b, args.tokens, eos, args.mode, args.compile)
+                    assert torch.equal(run.pop("sequences")[:, :ref.shape[1]], ref), f"C={c} B={b}: output != HF"
+                    for key in ("wall", "rounds", "new_tokens"):
+                        total[key] += run[key]
+                    for key, sec in run["seconds"].items():
+                        total["seconds"][key] += sec
+                per[b].append(total)
+        hf_step = statistics.median(r["wall"] for r in per["hf"]) / (args.tokens - 1) / args.batches
         row = {"C": c, "hf_ms_per_step": round(1e3 * hf_step, 2), "blocks": {}}
+        if args.compile:
+            row["warmup_s"] = warmup
         for b in args.blocks:
             runs = per[b]
             rounds = runs[0]["rounds"]
@@ -146,10 +208,13 @@ def main(argv=None):
                 "phase_ms_per_round": {ph: round(1e3 * med[ph] / rounds, 3) for ph in PHASES},
                 "tokens_per_round": round(runs[0]["new_tokens"] / c / rounds, 2),
                 "step_vs_hf": round(wall / rounds / hf_step, 3) if b == 1 else None,
+                # decode speed against HF's on the same batch (prefills taken off both): > 1 is faster than HF
+                "speedup_vs_hf": round(runs[0]["new_tokens"] / c / wall * hf_step, 3),
             }
         print(json.dumps(row), flush=True)
         results.append(row)
-    save_run(args.out, {"results": results, "tokens": args.tokens, "repeats": args.repeats, "mode": args.mode})
+    save_run(args.out, {"results": results, "tokens": args.tokens, "repeats": args.repeats, "mode": args.mode,
+                        "compile": args.compile, "batches": args.batches})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 SPEED = ("<!-- speed:start -->", "<!-- speed:end -->")
 ROUND = ("<!-- round:start -->", "<!-- round:end -->")
+COMPILED_ROUND = ("<!-- compiled_round:start -->", "<!-- compiled_round:end -->")
 SERVE = ("<!-- serve:start -->", "<!-- serve:end -->")
 BRANCHES = ("<!-- branches:start -->", "<!-- branches:end -->")
 COMPILE = ("<!-- compile:start -->", "<!-- compile:end -->")
@@ -160,6 +161,39 @@ def round_table(res: Path) -> str:
                  + " on the same 2-core VM, so compare the shares and ratios within a run, not milliseconds "
                    "across runs.")
     return "\n".join(rows) + "\n\nMeasured with " + "; ".join(cmds) + " on an idle CPU." + speed
+
+
+def compiled_round_table(res: Path) -> str:
+    """Where a compiled round's time goes, against HF's compiled decoding step on the same batch
+    (eval/round_profile.py --compile), and what a round would have to cost for a given speed-up."""
+    path = res / "round_profile_compiled.json"
+    if not path.exists():
+        return ("(run `python eval/round_profile.py --compile --concurrency 1 --blocks 1 8 16 "
+                "--out eval/results/round_profile_compiled.json`)")
+    data = json.loads(path.read_text())
+    env = data["environment"]
+    rows = ["| C | B | ms per round | in forwards | outside forwards | tokens per round | round in HF steps "
+            "| decode speed vs HF compiled |", "|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for row in data["results"]:
+        hf = row["hf_ms_per_step"]
+        for b, v in row["blocks"].items():
+            steps = v["ms_per_round"] / hf
+            rows.append(f"| {row['C']} | {b} | {v['ms_per_round']:.1f} | {v['forward_ms_per_round']:.1f} "
+                        f"| {v['outside_share']:.0%} | {v['tokens_per_round']:.2f} | {steps:.2f} "
+                        f"| x{v['speedup_vs_hf']:.2f} |")
+            if int(b) > 1:
+                notes.append(f"C = {row['C']}, B = {b}: a round costs {steps:.2f} HF steps and yields "
+                             f"{v['tokens_per_round']:.2f} tokens; x1.3 would need {v['tokens_per_round'] / 1.3:.2f} "
+                             f"steps per round at that yield, or {1.3 * steps:.2f} tokens per round at that cost")
+        warm = row.get("warmup_s", {})
+        if warm:
+            notes.append(f"warm-up at C = {row['C']}: HF {warm.get('hf', 0):.0f} s, recguide "
+                         + ", ".join(f"B = {b} {s:.0f} s" for b, s in warm.items() if b != "hf"))
+    return ("\n".join(rows) + f"\n\nMeasured with `{data['command']}` (commit {env['git_commit']}, {env['hardware']}, "
+            f"{env['threads']} threads) on an idle CPU, prefills taken off both sides, HF's compiled step "
+            + ", ".join(f"{r['hf_ms_per_step']:.2f} ms at C = {r['C']}" for r in data["results"])
+            + ". " + "; ".join(notes) + ".")
 
 
 def serve_table(res: Path) -> str:
@@ -418,6 +452,7 @@ def main():
         text = replace_between(text, SPEED, speed_sentence(bench))
         text = replace_between(text, COMPILE, compile_note(bench), sep="")
     text = replace_between(text, ROUND, round_table(res))
+    text = replace_between(text, COMPILED_ROUND, compiled_round_table(res))
     text = replace_between(text, SERVE, serve_table(res))
     text = replace_between(text, BRANCHES, branch_table(res))
     text = replace_between(text, ("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), sep="")

@@ -299,3 +299,28 @@ def test_a_timed_pass_that_compiled_counts_as_warm_up(monkeypatch):
     assert len(runs) == 3 and row["equal_to_ar"]
     assert row["warmup_s"] == pytest.approx(runs[0]["wall"] + runs[1]["wall"])
     assert row["wall_s"] == pytest.approx(runs[2]["wall"]) and "compile_in_timing_s" not in row
+
+
+def test_readme_compiled_round_table_states_the_arithmetic(tmp_path):
+    """The compiled round table (eval/update_readme.py) prices a round in HF compiled steps from the profile's own
+    figures and says what x1.3 would need: fewer steps per round at that yield, or more tokens at that cost."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+    from update_readme import compiled_round_table
+
+    assert "round_profile.py --compile" in compiled_round_table(tmp_path)  # no profile yet: how to make one
+    block = {"ms_per_round": 12.0, "forward_ms_per_round": 10.0, "outside_share": 0.17, "tokens_per_round": 4.5,
+             "speedup_vs_hf": 1.13}
+    data = {"command": "python eval/round_profile.py --compile", "environment": {
+        "git_commit": "abc1234", "hardware": "CPU: test", "threads": 2},
+        "results": [{"C": 1, "hf_ms_per_step": 3.0, "warmup_s": {"hf": 20.0, "8": 40.0}, "blocks": {"8": block}}]}
+    (tmp_path / "round_profile_compiled.json").write_text(json.dumps(data))
+    table = compiled_round_table(tmp_path)
+    assert "| 1 | 8 | 12.0 | 10.0 | 17% | 4.50 | 4.00 | x1.13 |" in table  # 12 ms / 3 ms = 4 HF steps
+    # 4.5 tokens / 1.3 = 3.46 steps per round; 1.3 x 4 steps = 5.20 tokens per round
+    assert "a round costs 4.00 HF steps and yields 4.50 tokens; x1.3 would need 3.46 steps" in table
+    assert "or 5.20 tokens per round at that cost" in table
+    assert "warm-up at C = 1: HF 20 s, recguide B = 8 40 s" in table
