@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import load_mixed  # noqa: E402
 
 from recguide_hf import branches  # noqa: E402
-from recguide_hf.bench import compile_config, save_run  # noqa: E402
+from recguide_hf.bench import ar_compile_kwargs, save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
@@ -132,7 +132,7 @@ def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str =
 
 def hf_generate(model, enc, max_new: int, compile: bool):
     """HF's greedy generate: plain (`recguide_mode="ar"`), or compiled as the bench's `ar-compile` runs it."""
-    kw = dict(cache_implementation="static", compile_config=compile_config()) if compile else {}
+    kw = ar_compile_kwargs() if compile else {}
     return model.generate(**enc, max_new_tokens=max_new, do_sample=False, recguide_mode="ar", **kw)
 
 

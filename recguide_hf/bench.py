@@ -110,6 +110,11 @@ def compile_config():
     return config
 
 
+def ar_compile_kwargs() -> dict:
+    """`generate` keywords of `ar-compile`: HF's static cache with its own compiled decoding forward."""
+    return dict(cache_implementation="static", compile_config=compile_config())
+
+
 def _order_key(method: str):
     base, overrides = parse_method(method)
     return BASES.index(base), int(overrides.get("recguide_block_size", 0)) if base == "linear" else 0, method
@@ -257,7 +262,7 @@ def _run_hf(model, tokenizer, prompts, c, max_new, method, assistant, clock=time
     if base == "ar-static":
         kw = dict(cache_implementation="static")
     elif base == "ar-compile":
-        kw = dict(cache_implementation="static", compile_config=compile_config())
+        kw = ar_compile_kwargs()
     elif base == "hf-lookup":
         kw = dict(prompt_lookup_num_tokens=10)
     elif base == "hf-assisted":
