@@ -58,6 +58,7 @@ class DraftAdapter(nn.Module):
         self.rank, self.alpha, self.target_modules = rank, alpha, list(target_modules)
         self._merged: list[torch.Tensor] | None = None
         self._merged_forwards: list | None = None
+        self._stacked: list | None = None  # route's stacked `A`s per input group (frozen adapters only)
 
     @property
     def scaling(self) -> float:
@@ -165,9 +166,9 @@ def route(adapter, draft_mask: torch.Tensor | bool | None, peft_layers: list = (
                 linear.__dict__["forward"] = forward  # what Module.__call__ runs, ahead of the class's forward
         elif isinstance(draft_mask, int) and not isinstance(draft_mask, bool):
             if adapter is not None:  # the tokens from column `draft_mask` on draft: a delta on them alone
-                for linear, a, b, scaling in adapter.entries():
+                for linear, forward in _suffix_forwards(adapter, draft_mask):
                     overridden.append((linear, linear.__dict__.get("forward")))
-                    linear.__dict__["forward"] = _suffix_forward(linear, a, b, scaling, draft_mask)
+                    linear.__dict__["forward"] = forward
         elif adapter is not None and draft_mask is not None and draft_mask is not False:
             select = None if draft_mask is True else draft_mask[:, :, None]
             for linear, a, b, scaling in adapter.entries():
@@ -186,21 +187,95 @@ def route(adapter, draft_mask: torch.Tensor | bool | None, peft_layers: list = (
             m._disable_adapters = flag
 
 
-def _suffix_forward(linear: nn.Linear, a: torch.Tensor, b: torch.Tensor, scaling: float, start: int):
+# Sibling layers of HF decoder layers that read one and the same input tensor (attention: q/k/v on the normed
+# hidden states; MLP: gate/up on the normed hidden states), so their LoRA `A` products can be one product.
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def input_groups(names: list[str]) -> list[list[int]]:
+    """Indices into `names` (module paths of adapted layers), grouped where siblings read one input (`SHARED_INPUT`:
+    same parent module, names in one set); every other layer is a group of its own. Order: first member first."""
+    groups, where = [], {}
+    for i, name in enumerate(names):
+        parent, _, leaf = name.rpartition(".")
+        shared = next((tuple(s) for s in SHARED_INPUT if leaf in s), None)
+        key = (parent, shared) if shared else None
+        if key is not None and key in where:
+            groups[where[key]].append(i)
+        else:
+            if key is not None:
+                where[key] = len(groups)
+            groups.append([i])
+    return groups
+
+
+class _Shared:
+    """One group's `x[:, start:] @ A_cat^T` for the input `x` it was last computed on (held, so `is` is sound)."""
+    __slots__ = ("x", "h")
+
+    def __init__(self):
+        self.x = self.h = None
+
+
+def _suffix_forwards(adapter, start: int) -> list:
+    """[(adapted Linear, its forward with the delta on columns `start`..)] for `route(adapter, start)`. Layers that
+    read one input tensor (`input_groups`) share one `A` product: with `A_cat` = their `A`s stacked, whichever
+    member runs first on an input computes `x[:, start:] @ A_cat^T` and the others take their `r` columns of it, as
+    long as they are called on that very tensor (checked by identity; otherwise a member computes it anew)."""
+    entries = adapter.entries()
+    frozen = isinstance(adapter, DraftAdapter) and not any(p.requires_grad for p in adapter.parameters())
+    stacked = adapter._stacked if frozen else None  # frozen: stacked once (like the merged weights); training: anew
+    if stacked is None or stacked[0][1].device != entries[0][1].device:
+        names = getattr(adapter, "names", None)
+        groups = (input_groups(names) if names is not None and len(names) == len(entries)
+                  else [[i] for i in range(len(entries))])
+        stacked = [(group, entries[group[0]][1] if len(group) == 1 else torch.cat([entries[i][1] for i in group]))
+                   for group in groups]
+        if isinstance(adapter, DraftAdapter):
+            adapter._stacked = [(g, a.detach()) for g, a in stacked] if frozen else None
+    out = []
+    for group, a_cat in stacked:
+        shared, offset = _Shared(), 0
+        for i in group:
+            linear, a, b, scaling = entries[i]
+            out.append((linear, _suffix_forward(linear, a_cat, offset, a.shape[0], b, scaling, start, shared)))
+            offset += a.shape[0]
+    return out
+
+
+def _suffix_forward(linear: nn.Linear, a_cat: torch.Tensor, offset: int, rank: int, b: torch.Tensor,
+                    scaling: float, start: int, shared: _Shared):
     """The linear's forward plus the delta on the tokens from column `start` on only (the engine's branch segments
-    sit after the verifier tokens): the small matmuls run on those tokens alone, the verifier tokens' output is not
-    touched, and under no_grad the delta is added in place. An instance-level forward rather than a forward hook:
-    a hooked module's call takes torch's slow path; on the bundled model's 56 adapted layers (2-core CPU, one
-    segment per row) the hooks' routing cost 5.4 / 6.2 / 6.8 ms at C = 1 B = 8 / C = 1 B = 16 / C = 4 B = 8, these
-    forwards 4.6 / 5.3 / 5.9 ms (an A/B against the hooks of commit 27ab1d7, interleaved medians of 41)."""
+    sit after the verifier tokens): the small matmuls run on those tokens alone and the verifier tokens' output is
+    not touched. `a_cat` rows `offset : offset + rank` are this layer's `A`; the product with them is shared with
+    its input group (`_suffix_forwards`). Under no_grad the `B` product is added in place in one op (`addmm_` /
+    `baddbmm_` into the output's draft columns) where the dtypes agree.
+
+    An instance-level forward rather than a forward hook: a hooked module's call takes torch's slow path. Routing
+    cost of two branch segments per row on the bundled model's 56 adapted layers (2-core CPU; verify forward with
+    the segments routed minus the same width unrouted; an interleaved A/B of the three forms, medians of 4 passes):
+    one `A` and one `B` product plus an add per layer 6.6 / 7.3 / 11.9 ms at C = 1 B = 8 / C = 1 B = 16 / C = 4
+    B = 8, the shared `A` product 5.3 / 7.1 / 12.1 ms, shared `A` and fused `B`-add (this form) 4.5 / 7.1 / 7.6 ms;
+    serving branches at C = 1 B = 8 x1.04 of the first form."""
     base = linear.forward  # the class's (or PEFT base layer's) own forward, bound, so a Linear subclass keeps its own
+    whole = offset == 0 and rank == a_cat.shape[0]
+    b_t = b.t()
 
     def forward(x):
         y = base(x)
-        delta = F.linear(F.linear(x[:, start:].to(a.dtype), a), b)
+        if shared.x is not x:
+            shared.x, shared.h = x, F.linear(x[:, start:].to(a_cat.dtype), a_cat)
+        h = shared.h if whole else shared.h.narrow(-1, offset, rank)
         if torch.is_grad_enabled():
+            delta = F.linear(h, b)
             return torch.cat([y[:, :start], y[:, start:] + (delta * scaling).to(y.dtype)], 1)
-        y[:, start:].add_(delta.to(y.dtype), alpha=scaling)
+        draft = y[:, start:]
+        if y.dtype != b.dtype:  # e.g. PEFT's fp32 LoRA on a bf16 base
+            draft.add_(F.linear(h, b).to(y.dtype), alpha=scaling)
+        elif draft.shape[0] == 1:
+            draft[0].addmm_(h[0], b_t, alpha=scaling)
+        else:
+            draft.baddbmm_(h, b_t.expand(draft.shape[0], -1, -1), alpha=scaling)
         return y
     return forward
 
