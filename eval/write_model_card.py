@@ -140,11 +140,25 @@ def adapter_section(card: Path) -> list[str]:
               f"command): {runs}. Each ran on the 2-core machine with the threads its command names "
               "(`--threads`; the first beside the draft model's training).", "",
               "![tau curve](draft_lora/tau_curve.png)", "",
+              *_averaged_note(log),
               "The curve is the accepted-run estimate of LinearSS tau on held-out prompts (24 code, 24 prose; "
               "never training text) during training: a draft block at anchor t accepts the leading run of positions "
               "where its argmax equals the verifier's greedy token, which is exactly what a LinearSS round starting "
               "there accepts. The engine's own measurement follows.", ""]
     return lines
+
+
+def _averaged_note(log: dict) -> list[str]:
+    """The shipped weights' provenance when they are an average of adapters (eval/average_adapters.py)."""
+    avg = log.get("averaged_from")
+    if not avg:
+        return []
+    names = avg.get("labels") or [f"`{p}`" for p in avg["inputs"]]
+    parts = [n + (f" ({m:.0f} training minutes)" if m is not None else "") for n, m in zip(names, avg["minutes"])]
+    return [f"The shipped weights are not the curve's last point: they are the {avg['rule']} of {len(parts)} "
+            f"adapters, {', '.join(parts)}, each continued from the one before or from a common adapter "
+            f"(`python eval/average_adapters.py --out draft_lora {' '.join(avg['inputs'])}`). The curve is the last "
+            "input's; the engine's measurement below is of the average.", ""]
 
 
 def _distill_command(a: dict) -> str:

@@ -186,3 +186,31 @@ def test_rank2_term_trains_the_correction_token_and_leaves_a_right_argmax_alone(
     assert extra[0, 2] == 0 and extra[0, 1] < 0  # argmax untouched; the teacher's token raised
     assert extra[0, 4] == 0  # an excluded token (EOS) is no candidate
     assert torch.equal(extra[1], torch.zeros(5))  # a right argmax: no rank-2 term
+
+
+def test_average_adapters_is_the_mean_of_a_and_b_and_records_it(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from eval.average_adapters import average
+
+    folders = []
+    for i in range(2):
+        f = tmp_path / f"a{i}"
+        f.mkdir()
+        save_file({"x.lora_A.weight": torch.full((2, 3), float(i)), "x.lora_B.weight": torch.full((3, 2), 2.0 * i)},
+                  f / "adapter_model.safetensors")
+        (f / "adapter_config.json").write_text("{}")
+        (f / "distill_log.json").write_text(json.dumps({"log": [{"minutes": 10.0 * (i + 1)}]}))
+        folders.append(f)
+    record = average(folders, tmp_path / "out")
+    w = load_file(tmp_path / "out" / "adapter_model.safetensors")
+    assert torch.equal(w["x.lora_A.weight"], torch.full((2, 3), 0.5))
+    assert torch.equal(w["x.lora_B.weight"], torch.full((3, 2), 1.0))
+    log = json.loads((tmp_path / "out" / "distill_log.json").read_text())
+    assert log["averaged_from"] == record and record["minutes"] == [10.0, 20.0]
+    save_file({"x.lora_A.weight": torch.zeros(4, 3), "x.lora_B.weight": torch.zeros(3, 4)},
+              folders[1] / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match="shapes"):
+        average(folders, tmp_path / "out2")
