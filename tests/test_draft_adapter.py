@@ -163,15 +163,17 @@ def test_column_suffix_routing_with_gradients(targets):
         masked = model(ids).logits
     with route(adapter, 3):
         suffix = model(ids).logits
-    torch.testing.assert_close(suffix, masked, atol=1e-5, rtol=1e-5)
+    # rounding only (GEMM blocking differs with thread count and product width: up to ~1e-5 seen with every linear
+    # adapted); the draft columns' deltas are O(1-10) here, so a misrouted product would be far outside
+    torch.testing.assert_close(suffix, masked, atol=1e-4, rtol=1e-4)
     assert torch.equal(suffix[:, :3], base[:, :3])  # causal: the earlier columns never see a draft token
     assert not torch.allclose(suffix[:, 3:], base[:, 3:], atol=1e-3)
     suffix[:, 3:].sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.parameters())
     assert all("forward" not in m.__dict__ and not m._forward_hooks for m in model.modules())  # nothing stays
     with torch.no_grad(), route(adapter, 3):  # the in-place form gives the same logits (up to rounding: autograd
-        # takes another GEMM path for a group's shared product, 8.8e-6 here; without groups they agree to 1e-6)
-        torch.testing.assert_close(model(ids).logits, suffix.detach(), atol=3e-5, rtol=1e-6)
+        # takes another GEMM path for a group's shared product, ~1e-5; without groups they agree to 1e-6)
+        torch.testing.assert_close(model(ids).logits, suffix.detach(), atol=1e-4, rtol=1e-4)
 
 
 def test_input_groups_join_siblings_that_read_one_input():
