@@ -33,8 +33,6 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_mixed  # noqa: E402
-
 from recguide_hf.bench import run_engine, run_hf, save_run, summarize  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.compiled import CompiledForward  # noqa: E402
@@ -42,6 +40,7 @@ from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.masks import block_intra, causal_intra  # noqa: E402
 from recguide_hf.models import as_backbone  # noqa: E402
 from recguide_hf.profile import _forward_timer, interleaved_medians  # noqa: E402
+from recguide_hf.prompts import load_mixed  # noqa: E402
 
 
 @torch.no_grad()
@@ -80,7 +79,7 @@ def at(costs: dict, kind: str, segments: float) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="model_cards/recguide-tiny")
+    p.add_argument("--model", default="recguide_hf/bundled/recguide-tiny")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--blocks", type=int, nargs="+", default=[8, 16])
     p.add_argument("--num-prompts", type=int, default=32)

@@ -23,10 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_prompts  # noqa: E402
-
 from recguide_hf.bench import environment  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
+from recguide_hf.prompts import load_prompts  # noqa: E402
 
 COMPETITOR = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(384, 384)\n"
               "while True:\n    a = (a @ a).tanh()\n")

@@ -22,6 +22,7 @@ from pathlib import Path
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|mask|>"]
 HELDOUT_PERCENT = 4  # of files, by name hash
 EVAL_DATA = Path(__file__).parent / "data"
+PROMPTS = Path(__file__).resolve().parents[1] / "recguide_hf" / "bundled" / "prompts"  # shipped with the package
 
 
 def _is_heldout(name: str) -> bool:
@@ -120,7 +121,7 @@ def save_hf_tokenizer(tok, directory: Path, model_max_length: int = 2048):
 
 
 def export_eval_prompts(out: Path, n: int = 64, seed: int = 0):
-    """Held-out prompts for benchmarks and lm-eval tasks, committed under eval/data/ (small).
+    """Held-out prompts for benchmarks and lm-eval tasks, committed under recguide_hf/bundled/prompts/ (small).
 
     Each held-out file is cut into consecutive 20-line windows (the 21st line is the target); up to 4n
     windows per corpus are kept, in a seeded shuffle.
@@ -128,7 +129,7 @@ def export_eval_prompts(out: Path, n: int = 64, seed: int = 0):
     import random
 
     rng = random.Random(seed)
-    EVAL_DATA.mkdir(parents=True, exist_ok=True)
+    PROMPTS.mkdir(parents=True, exist_ok=True)
     for corpus in ("code", "prose"):
         docs = [json.loads(line)["text"] for line in open(out / f"{corpus}_heldout.jsonl")]
         rows = []
@@ -139,7 +140,7 @@ def export_eval_prompts(out: Path, n: int = 64, seed: int = 0):
                 if "".join(chunk).strip() and target.strip():
                     rows.append({"prompt": "".join(chunk), "target": target.rstrip("\n")})
         rng.shuffle(rows)
-        with open(EVAL_DATA / f"heldout_{corpus}.jsonl", "w") as f:
+        with open(PROMPTS / f"heldout_{corpus}.jsonl", "w") as f:
             for row in rows[:n * 4]:
                 f.write(json.dumps(row) + "\n")
 
@@ -149,7 +150,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=Path("data/corpus"))
     parser.add_argument("--vocab-sizes", type=int, nargs="*", default=[], help="also measure these sizes")
     parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--tokenizer-dir", type=Path, default=Path("model_cards/recguide-tiny"))
+    parser.add_argument("--tokenizer-dir", type=Path, default=Path("recguide_hf/bundled/recguide-tiny"))
     args = parser.parse_args(argv)
 
     manifest = build(args.out)

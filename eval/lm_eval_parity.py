@@ -4,7 +4,8 @@ Both modes run through `lm_eval.simple_evaluate(..., log_samples=True)` on one l
 batches, padding and stop criteria), one task at a time, modes alternating per repeat. Responses are compared
 per document as strings and, re-tokenized, with the token_parity metric (eval/metrics/token_parity).
 
-    python eval/lm_eval_parity.py --model model_cards/recguide-tiny --limit 16 --json eval/results/lm_eval_parity.json
+    python eval/lm_eval_parity.py --model recguide_hf/bundled/recguide-tiny --limit 16 \
+        --json eval/results/lm_eval_parity.json
 
 `--backend recguide` (default) uses recguide_hf.lm_eval_backend: it honours the tasks' `max_gen_toks` and reports
 TPF / tau; `--backend hf` is lm-eval's stock backend (what `lm_eval --model hf` runs).
@@ -29,7 +30,7 @@ DEFAULT_TASKS = ("recguide_stdlib_nextline", "recguide_shakespeare_nextline")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="model_cards/recguide-tiny", help="model folder")
+    parser.add_argument("--model", default="recguide_hf/bundled/recguide-tiny", help="model folder")
     parser.add_argument("--tasks", nargs="+", default=list(DEFAULT_TASKS))
     parser.add_argument("--limit", type=int, default=16, help="documents per task (0 = all)")
     parser.add_argument("--batch-size", type=int, default=4)

@@ -23,11 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_prompts  # noqa: E402
-
 import recguide_hf  # noqa: E402
 from recguide_hf.bench import environment  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
+from recguide_hf.prompts import load_prompts  # noqa: E402
 
 
 def timed(fn):

@@ -1,6 +1,7 @@
 """Measure the bundled model for its model card: held-out AR loss, LinearSS tau, loopiness.
 
-    python eval/measure_model.py --model model_cards/recguide-tiny --out model_cards/recguide-tiny/eval_results.json
+    python eval/measure_model.py --model recguide_hf/bundled/recguide-tiny \
+        --out recguide_hf/bundled/recguide-tiny/eval_results.json
 
 * held-out AR loss / perplexity per corpus (code, prose) on fixed windows of the held-out files;
 * LinearSS mean tokens per round (tau) at B = 8, 16, 32, greedy, 128 new tokens, on HumanEval prompts
@@ -32,13 +33,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_prompts  # noqa: E402
-
 import recguide_hf  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
 from recguide_hf.models import as_backbone  # noqa: E402
+from recguide_hf.prompts import load_prompts  # noqa: E402
 
 
 def distinct4(tokens: list[int]) -> float:

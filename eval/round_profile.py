@@ -31,14 +31,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_mixed  # noqa: E402
-
 from recguide_hf import branches  # noqa: E402
 from recguide_hf.bench import ar_compile_kwargs, save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
 from recguide_hf.models import as_backbone  # noqa: E402
+from recguide_hf.prompts import load_mixed  # noqa: E402
 from recguide_hf.stats import Stats  # noqa: E402
 
 PHASES = ("plan", "draft", "branch_plan", "verify", "process", "accept", "commit", "reuse", "record", "plain")

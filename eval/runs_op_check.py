@@ -14,13 +14,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_mixed  # noqa: E402
-
 import recguide_hf.compiled as comp  # noqa: E402
 import recguide_hf.engine as eng  # noqa: E402
 from recguide_hf.bench import run_engine  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
+from recguide_hf.prompts import load_mixed  # noqa: E402
 
 
 def main():

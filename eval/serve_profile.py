@@ -25,13 +25,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_mixed  # noqa: E402
-
 from recguide_hf import engine as engine_module  # noqa: E402
 from recguide_hf.bench import run_engine, run_hf, save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.models import as_backbone  # noqa: E402
 from recguide_hf.policy import BlockPolicy  # noqa: E402
+from recguide_hf.prompts import load_mixed  # noqa: E402
 
 PARTS = ("admit", "forward", "admit_forward", "plan", "entropy")
 

@@ -24,13 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prompts import load_prompts  # noqa: E402
-
 from recguide_hf.bench import save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.config import DecodingConfig  # noqa: E402
 from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
 from recguide_hf.models import as_backbone  # noqa: E402
+from recguide_hf.prompts import load_prompts  # noqa: E402
 
 SIGNALS = {"certainty": [0], "full": [1], "accepted": [2], "accepted_2": [2, 3], "certainty+accepted_2": [0, 2, 3]}
 

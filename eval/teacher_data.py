@@ -1,6 +1,6 @@
 """Greedy continuations of a FROZEN teacher for distilling the drafter (DESIGN 5).
 
-    python eval/teacher_data.py --teacher model_cards/recguide-tiny --minutes 8 --out data/distill/teacher.npz
+    python eval/teacher_data.py --teacher recguide_hf/bundled/recguide-tiny --minutes 8 --out data/distill/teacher.npz
 
 Prompts are random windows of the TRAINING split (never held-out text, never HumanEval); with
 `--docstring-share f`, a fraction f of the code windows instead END where a function's docstring closes (a
@@ -87,7 +87,7 @@ def greedy(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--teacher", type=Path, default=Path("model_cards/recguide-tiny"))
+    p.add_argument("--teacher", type=Path, default=Path("recguide_hf/bundled/recguide-tiny"))
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--out", type=Path, default=Path("data/distill/teacher.npz"))
     p.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget for generation")

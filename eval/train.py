@@ -4,7 +4,7 @@
     python eval/train.py --phase joint --minutes 65 --init runs/ar/final --run runs/joint
     python eval/teacher_data.py --teacher runs/joint/final --minutes 9 --out data/distill/teacher.npz
     python eval/train.py --phase distill --minutes 35 --init runs/joint/final --run runs/distill --lr 5e-4
-    python eval/export_model.py runs/joint/final model_cards/recguide-tiny
+    python eval/export_model.py runs/joint/final recguide_hf/bundled/recguide-tiny
 
 Budgets are wall-clock minutes (the learning-rate schedule follows elapsed time), checkpoints are written
 every `--ckpt-minutes` and `--resume` continues a run. bf16 autocast is on by default (`--dtype fp32` to
@@ -295,7 +295,7 @@ def main(argv=None):
     p.add_argument("--init", type=Path, default=None, help="start from this saved model folder")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    p.add_argument("--tokenizer", type=Path, default=Path("model_cards/recguide-tiny"))
+    p.add_argument("--tokenizer", type=Path, default=Path("recguide_hf/bundled/recguide-tiny"))
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-3)

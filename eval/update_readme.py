@@ -4,7 +4,7 @@
 
 Reads eval/results/bench.json / bench.md (+ its PNGs), eval/results/virtual_b200/bench.json (the simulation under
 a GPU cost table), eval/results/round_profile*.json, serve_profile*.json,
-engine.json, model_cards/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and
+engine.json, recguide_hf/bundled/recguide-tiny/eval_results.json and eval/results/lm_eval_parity.json when present, and
 rewrites the text between the results markers, the speed sentence of the introduction (between the speed
 markers), the compile note of the performance notes (between the compile markers), the round-time, serving-time
 and branch tables of "How it works" (between the round, serve and branches markers), and the lm-eval parity table
@@ -28,6 +28,7 @@ BRANCHES = ("<!-- branches:start -->", "<!-- branches:end -->")
 COMPILE = ("<!-- compile:start -->", "<!-- compile:end -->")
 PARITY = ("<!-- parity:start -->", "<!-- parity:end -->")  # docs/lm_eval.md
 CARDS = ROOT / "model_cards"
+BUNDLED = ROOT / "recguide_hf" / "bundled" / "recguide-tiny"
 
 
 def replace_between(text: str, markers: tuple[str, str], body: str, sep: str = "\n") -> str:
@@ -279,8 +280,8 @@ def threads_note(res: Path) -> str:
 
 def peers_table() -> list[str]:
     """What each speculative method costs beyond the verifier: parameters and memory, from the bundled folders."""
-    main = json.loads((CARDS / "recguide-tiny" / "config.json").read_text())
-    lora = CARDS / "recguide-tiny" / "draft_lora" / "adapter_model.safetensors"
+    main = json.loads((BUNDLED / "config.json").read_text())
+    lora = BUNDLED / "draft_lora" / "adapter_model.safetensors"
     assistant = CARDS / "recguide-tiny-assistant"
     kv_per_token = lambda cfg: 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4  # noqa: E731
     lines = ["| method | what drafts | extra parameters | extra memory |", "|---|---|---|---|",
@@ -398,9 +399,9 @@ def main():
         lines += ["The concurrency frontier of the bundled model on this project's 2-core CPU: every method in one "
                   "run, closed loop, greedy (per-request vs aggregate tokens/s, points labelled by concurrency C). "
                   "Regenerate with `recguide bench --out eval/results` (without `--out` it writes a fresh "
-                  "runs/bench-<time>/ folder and leaves these files alone; add `--quick` for a smoke run of about a "
-                  "minute). These timings come from a shared 2-core machine: compare ratios within one table, not "
-                  "across runs.", "",
+                  "runs/bench-<time>/ folder and leaves these files alone; add `--quick` for a short smoke run: C "
+                  "= 1 and 4, 32 new tokens, one repeat). These timings come from a shared 2-core machine: compare "
+                  "ratios within one table, not across runs.", "",
                   "![frontier](eval/results/frontier.png)", "", settings_line(bench), "", fastest(bench), "",
                   (res / "bench.md").read_text().strip(), "",
                   "![TPF and tau](eval/results/tpf_tau.png)", "",
@@ -434,13 +435,14 @@ def main():
         lines += parity_lines
         docs = ROOT / "docs" / "lm_eval.md"
         docs.write_text(replace_between(docs.read_text(), PARITY, "\n".join(parity_lines).strip()))
-    card = ROOT / "model_cards" / "recguide-tiny" / "eval_results.json"
+    card = BUNDLED / "eval_results.json"
     if card.exists():
         r = json.loads(card.read_text())
         he = r["linear_ss"]
         losses = ", ".join(f"held-out {c} AR loss {v['ar_loss']:.2f}" for c, v in r["heldout"].items())
         taus = ", ".join(f"B={k.split('_B')[1]}: {v['tau']:.2f}" for k, v in he.items() if k.startswith("humaneval"))
-        lines += [f"The bundled model (details in its [model card](model_cards/recguide-tiny/README.md)): {losses}; "
+        card_link = "[model card](recguide_hf/bundled/recguide-tiny/README.md)"
+        lines += [f"The bundled model (details in its {card_link}): {losses}; "
                   f"LinearSS tau on HumanEval prompts {taus} (distinct-4-gram ratio "
                   f"{he['humaneval_B16']['distinct4']:.2f}).", ""]
     lines.append(END)

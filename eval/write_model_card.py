@@ -279,8 +279,9 @@ def write_main_card(card: Path, runs: list[Path] | None):
              "run RecGuide decoding (`custom_generate/generate.py`, a shim over the installed `recguide-hf` package).",
              "", "```python",
              "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast",
-             "tok = PreTrainedTokenizerFast.from_pretrained('model_cards/recguide-tiny')  # a plain fast tokenizer",
-             "model = AutoModelForCausalLM.from_pretrained('model_cards/recguide-tiny', trust_remote_code=True)",
+             "from recguide_hf import BUNDLED_MODEL  # this folder, inside the installed package",
+             "tok = PreTrainedTokenizerFast.from_pretrained(BUNDLED_MODEL)  # a plain fast tokenizer",
+             "model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, trust_remote_code=True)",
              "out = model.generate(**tok(['def add(a, b):'], return_tensors='pt'), max_new_tokens=64)",
              "```", "",
              "## Model", "",
@@ -351,8 +352,9 @@ def write_assistant_card(folder: Path):
              "recguide-tiny's drafting adapter so the two can be compared.", "",
              "```python",
              "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast",
-             "tok = PreTrainedTokenizerFast.from_pretrained('model_cards/recguide-tiny')",
-             "target = AutoModelForCausalLM.from_pretrained('model_cards/recguide-tiny', trust_remote_code=True)",
+             "from recguide_hf import BUNDLED_MODEL",
+             "tok = PreTrainedTokenizerFast.from_pretrained(BUNDLED_MODEL)",
+             "target = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, trust_remote_code=True)",
              "draft = AutoModelForCausalLM.from_pretrained('model_cards/recguide-tiny-assistant')",
              "out = target.generate(**tok(['def add(a, b):'], return_tensors='pt'), max_new_tokens=64,",
              "                      assistant_model=draft, recguide_mode='ar')",
@@ -393,7 +395,7 @@ def write_assistant_card(folder: Path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--card", type=Path, default=ROOT / "model_cards" / "recguide-tiny")
+    p.add_argument("--card", type=Path, default=ROOT / "recguide_hf" / "bundled" / "recguide-tiny")
     p.add_argument("--assistant", type=Path, default=ROOT / "model_cards" / "recguide-tiny-assistant")
     p.add_argument("--runs", type=Path, nargs="*", default=None, help="refresh training_log.json from these runs")
     args = p.parse_args(argv)

@@ -11,12 +11,16 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+from pathlib import Path
 
 __version__ = "0.1.0"
 
+# the model this package ships (a Hub-style folder: load it with trust_remote_code=True)
+BUNDLED_MODEL = Path(__file__).resolve().parent / "bundled" / "recguide-tiny"
+
 _EXPORTS = {"DecodingConfig": "config", "RecGuideConfig": "modeling", "RecGuideForCausalLM": "modeling",
             "RecGuideGenerateOutput": "generate", "generate": "generate"}
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [*_EXPORTS, "BUNDLED_MODEL", "__version__"]
 
 
 class _Package(types.ModuleType):

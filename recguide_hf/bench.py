@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -175,12 +174,9 @@ class VirtualCosts:
 
     @contextlib.contextmanager
     def charging(self, backbone=None, hf_model=None):
-        """While inside: the engine module reads this clock, and every forward of `backbone` (engine) or of
-        `hf_model` (HF generate) is charged by its tokens."""
-        from . import engine as engine_module
-
-        saved_time, handle = engine_module.time, None
-        engine_module.time = types.SimpleNamespace(perf_counter=self.perf_counter)
+        """While inside: every forward of `backbone` (engine) or of `hf_model` (HF generate) is charged by its
+        tokens. (Whoever times them reads `perf_counter`: the engine takes it as its clock.)"""
+        handle = None
         if backbone is not None:
             forward = backbone.forward
 
@@ -196,7 +192,6 @@ class VirtualCosts:
         try:
             yield self
         finally:
-            engine_module.time = saved_time
             if backbone is not None:
                 del backbone.forward
             if handle is not None:
@@ -353,7 +348,8 @@ def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, metho
     eos = gen_config.eos_token_id
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
                                 pad_token_id=tokenizer.pad_token_id)
-    engine = Engine(as_backbone(model), config, settings, base_dir=getattr(model.config, "_name_or_path", None))
+    engine = Engine(as_backbone(model), config, settings, base_dir=getattr(model.config, "_name_or_path", None),
+                    clock=virtual.perf_counter if virtual is not None else time.perf_counter)
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if virtual is not None:
         virtual.now = 0.0
@@ -634,7 +630,12 @@ def compile_table(result: dict, method: str = "recguide") -> str | None:
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
+    """The frontier and TPF / tau plots (none, with a note, where matplotlib is not installed)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install 'recguide-hf[eval]')")
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

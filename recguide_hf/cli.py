@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import BUNDLED_MODEL
 from .config import BLOCK_SIZES, MAX_BLOCK, MIN_BLOCK
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -65,7 +66,8 @@ def token_ids_arg(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected token ids like 1,2,3, got {value!r}")
     return ids
 
-BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "model_cards" / "recguide-tiny"
+# the hf-assisted peer's draft model lives in a source checkout only (it is a benchmark peer, not shipped)
+ASSISTANT = Path("model_cards") / "recguide-tiny-assistant"
 
 
 def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu", adapter: str | None = None,
@@ -166,8 +168,7 @@ def cmd_generate(args) -> int:
 
 
 def _prompt_sets(names: list[str], limit: int, skip: int = 0) -> dict[str, list[str]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
-    from prompts import load_prompts
+    from .prompts import load_prompts
 
     sets = {name: load_prompts(name, skip + limit)[skip:] for name in names}
     empty = [name for name, prompts in sets.items() if not prompts]
@@ -265,9 +266,7 @@ def cmd_bench(args) -> int:
         runs_at,
         write_outputs,
     )
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
-    from prompts import load_mixed
+    from .prompts import load_mixed
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     print(f"results will be written to {out}/")
@@ -317,6 +316,46 @@ def cmd_bench(args) -> int:
     files = write_outputs(result, out)
     print(markdown_table(result))
     print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def check_serve(args, parser) -> None:
+    model = Path(args.model) if args.model else BUNDLED_MODEL
+    if not (model / "config.json").exists():
+        parser.error(f"argument --model: {model} is not a model folder (no config.json)")
+    if not has_tokenizer(model):
+        parser.error(f"argument --model: {model} has no tokenizer; the server takes text")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        parser.error("recguide serve needs FastAPI and uvicorn: pip install 'recguide-hf[serve]'")
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from .serving.app import ServerLimits, build_app
+    from .serving.worker import EngineWorker, WorkerLimits
+
+    folder = Path(args.model) if args.model else BUNDLED_MODEL
+    tokenizer, model = load(args.model, args.dtype, args.device)
+    limits = WorkerLimits(slots=args.slots, max_waiting=args.max_waiting, max_prompt_tokens=args.max_prompt_tokens,
+                          max_new_tokens=args.max_tokens)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and args.max_prompt_tokens + args.max_tokens > positions:
+        raise SystemExit(f"recguide serve: error: --max-prompt-tokens {args.max_prompt_tokens} + --max-tokens "
+                         f"{args.max_tokens} exceeds the model's {positions} positions")
+    worker = EngineWorker(model, limits).start()
+    name = args.served_model_name or folder.name
+    app = build_app(worker, tokenizer, name, ServerLimits(api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                                                          max_open_streams=args.max_open_streams))
+    print(f"serving {name} ({worker.config.mode}, block size {worker.config.block_size}) on "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        worker.stop()
     return 0
 
 
@@ -385,8 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="the concurrency frontier: all methods, one run, interleaved")
     b.add_argument("--model", default=None)
     b.add_argument("--methods", nargs="+", default=None, help="default: all (see `recguide_hf/bench.py`)")
-    b.add_argument("--assistant", default=str(BUNDLED_MODEL.parent / "recguide-tiny-assistant"),
-                   help="draft model folder for hf-assisted (default: the bundled one)")
+    b.add_argument("--assistant", default=str(ASSISTANT),
+                   help=f"draft model folder for hf-assisted (default: {ASSISTANT}, in a source checkout)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     b.add_argument("--max-new-tokens", type=int, default=64,
                    help="per request (64 keeps the default run within 45 minutes on 2 CPU cores)")
@@ -396,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at least this many requests at every C: with 16, a run at C = 8 lasted about 3 seconds "
                         "and the ratio between two methods moved by 10-20%% from one repeat to the next; with 32, "
                         "by 5-10%% at C = 1 to 16")
-    b.add_argument("--quick", action="store_true", help="C in {1, 4}, 32 new tokens, 1 repeat (a few minutes)")
+    b.add_argument("--quick", action="store_true", help="C in {1, 4}, 32 new tokens, 1 repeat (a smoke run)")
     b.add_argument("--out", default=None,
                    help="folder for bench.json, bench.md and the plots (default: a fresh runs/bench-<time>/; "
                         "the committed results the README shows are regenerated with --out eval/results)")
@@ -406,6 +445,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "tokens (e.g. eval/costs/nld8b_b200.json: NLD-8B on a B200, from published figures); "
                         "recguide plans with the same prices. Timings are then the model's, not this machine's")
     b.set_defaults(func=cmd_bench)
+    s = sub.add_parser("serve", help="an OpenAI-compatible server on RecGuide's continuous batching")
+    positive = bounded(int, 1, what="a positive integer")
+    s.add_argument("--model", default=None, help="model folder (default: the bundled recguide-tiny)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    s.add_argument("--port", type=bounded(int, 1, 65535, what="a port number"), default=8000)
+    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
+    s.add_argument("--served-model-name", default=None, help="the `model` name clients send (default: the folder's)")
+    s.add_argument("--slots", type=positive, default=16, help="requests decoding at once (KV-cache rows)")
+    s.add_argument("--max-waiting", type=bounded(int, 0, what="a count"), default=64,
+                   help="requests queued beyond the running ones; more get 503")
+    s.add_argument("--max-prompt-tokens", type=positive, default=1024, help="longer prompts get 400")
+    s.add_argument("--max-tokens", type=positive, default=512, help="the most new tokens a request may ask for")
+    s.add_argument("--max-open-streams", type=positive, default=64,
+                   help="streaming responses open at once; more get 429")
+    s.add_argument("--max-body-bytes", type=positive, default=1 << 20, help="larger request bodies get 413")
+    s.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    s.set_defaults(func=cmd_serve, check=check_serve, subparser=s)
     return parser
 
 

@@ -13,12 +13,18 @@ Contract: token ids in, token ids out; it knows nothing about tokenization. A ba
 
 Requests are grouped by planned block size into buckets, one draft and one verify forward per bucket,
 so no request pads to a larger block. Finished requests leave the forward batch.
+
+Two ways in: `generate` decodes one static batch (streaming each round's tokens to `on_tokens` if given);
+`open` / `submit` / `step` / `cancel` take requests as they come, between rounds, into a fixed number of slots
+(continuous batching: a server, or `serve`'s closed loop). Tokens a round emits are final: stopping only ever cuts
+inside the round that stopped a request.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -48,6 +54,16 @@ class SamplingSettings:
     draft_temperature: float = 1.0  # temperature of the draft distribution when sampling
 
 
+@dataclass
+class Emission:
+    """What one round did for one request (`Engine.step`)."""
+
+    request_id: Hashable
+    new_ids: list[int]  # tokens this round emitted, final (empty when the request was only cancelled)
+    finished: bool  # the request is done (EOS, its max_new_tokens, a stopping criterion, or cancelled)
+    stats: dict | None = None  # its per-request statistics (stats.py), when finished
+
+
 class Engine:
     """Decode a batch of requests with LinearSS or RecGuide.
 
@@ -59,12 +75,14 @@ class Engine:
         stopper: the user's stopping criteria (stopping.py).
         policy: the block-size scheduler (policy.py); default: from the config's tables, with `prices` (the
             online correction of the cost table, kept by the caller across calls; default: a fresh one).
+        clock: seconds, for round timing and latencies (a simulation passes its own; default: the wall clock).
     """
 
     def __init__(self, backbone: Backbone, config: DecodingConfig, settings: SamplingSettings,
                  processor: ScoreProcessor | None = None, stopper: StopChecker | None = None,
-                 policy: BlockPolicy | None = None, base_dir=None, prices=None):
-        self.backbone, self.config, self.settings = backbone, config, settings
+                 policy: BlockPolicy | None = None, base_dir=None, prices=None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.backbone, self.config, self.settings, self.clock = backbone, config, settings, clock
         self.processor = processor or ScoreProcessor([], backbone.mask_token_id)
         self.stopper = stopper or StopChecker([], settings.pad_token_id)
         self.policy = policy or BlockPolicy.from_config(config, base_dir, prices)
@@ -88,13 +106,16 @@ class Engine:
 
     # ------------------------------------------------------------------ public entries
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, log_rounds: bool = False):
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, log_rounds: bool = False,
+                 on_tokens: Callable[[int, torch.Tensor], None] | None = None):
         """Decode one static batch. Returns (sequences [N, W + max new], Stats).
 
         Args:
             input_ids: [N, W] left-padded prompts; attention_mask: [N, W] (None = no padding).
             log_rounds: keep `stats.round_log` (row, block, accepted, drafts, entropy, entropy at the seed's
                 place) per round (calibration).
+            on_tokens: called after every round as `on_tokens(row, new_ids [n])` for each row that emitted tokens
+                (a streamer; the ids are a copy).
         """
         device = self.backbone.device
         input_ids = input_ids.to(device)
@@ -107,51 +128,128 @@ class Engine:
         self.wants_entropy = self.policy.reads_entropy or log_rounds
         self._admit(torch.arange(input_ids.shape[0], device=device), input_ids, pads)
         while self._step():
-            pass
+            if on_tokens is not None:
+                for row, first, last in self._take_new():
+                    on_tokens(row, self.seq[row, first:last].clone())
         width = self.prompt_width + int(self.count.max())
         return self.seq[:, :width], self.stats
+
+    # ------------------------------------------------------------------ requests as they come
+    def open(self, slots: int, max_prompt_len: int):
+        """Make room for `slots` requests in flight, prompts up to `max_prompt_len` tokens and up to the settings'
+        `max_new_tokens` new tokens each. Requests then come and go with `submit`, `step` and `cancel`."""
+        self._allocate(slots, max_prompt_len)
+        self.finished[:] = True
+        self.owner: list[Hashable | None] = [None] * slots  # the request each slot holds
+        self.waiting: list[tuple[Hashable, list[int], int]] = []  # submitted, not yet admitted
+        self.admitted_at: dict[Hashable, float] = {}
+
+    @property
+    def num_running(self) -> int:
+        return sum(o is not None for o in self.owner)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def submit(self, request_id: Hashable, prompt_ids: list[int], max_new_tokens: int | None = None):
+        """Queue a request; it is admitted (prefilled) at the start of a later `step`, when a slot is free."""
+        limit = self.settings.max_new_tokens
+        max_new = limit if max_new_tokens is None else max_new_tokens
+        if not 1 <= len(prompt_ids) <= self.prompt_width:
+            raise ValueError(f"a prompt needs 1 to {self.prompt_width} tokens, got {len(prompt_ids)}")
+        if not 0 <= max_new <= limit:
+            raise ValueError(f"max_new_tokens must be 0 to {limit}, got {max_new}")
+        if request_id in self.admitted_at or any(w[0] == request_id for w in self.waiting):
+            raise ValueError(f"request {request_id!r} is already in flight")
+        self.waiting.append((request_id, list(prompt_ids), max_new))
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """Drop a request: a waiting one never starts; a running one's slot is free for the next step's arrivals.
+        Returns whether the request was in flight."""
+        for i, w in enumerate(self.waiting):
+            if w[0] == request_id:
+                del self.waiting[i]
+                return True
+        if request_id not in self.owner:
+            return False
+        row = self.owner.index(request_id)
+        self.finished[row] = True
+        self.pending.has[row] = False
+        self._release(row)
+        return True
+
+    @torch.no_grad()
+    def step(self) -> list[Emission]:
+        """Admit waiting requests into free slots, run one round for every running request, and return what it
+        emitted: one `Emission` per request that emitted tokens or finished (its slot is then free again)."""
+        self._admit_waiting()
+        self._step()  # nothing runs when every request is waiting or done (e.g. admitted with max_new_tokens 0)
+        out = []
+        news = {row: (first, last) for row, first, last in self._take_new()}
+        finished = self.finished.tolist()  # one read instead of one per slot
+        for row, rid in enumerate(self.owner):
+            if rid is None or (row not in news and not finished[row]):
+                continue
+            first, last = news.get(row, (0, 0))
+            ids = self.seq[row, first:last].tolist()
+            if finished[row]:
+                stats = {**self.stats.row_summary(row), "latency": self.clock() - self.admitted_at[rid]}
+                out.append(Emission(rid, ids, True, stats))
+                self._release(row)
+            else:
+                out.append(Emission(rid, ids, False))
+        return out
+
+    def _admit_waiting(self):
+        free = [r for r, o in enumerate(self.owner) if o is None]
+        if not free or not self.waiting:
+            return
+        arrivals, self.waiting = self.waiting[: len(free)], self.waiting[len(free):]
+        # the longest prompts take the lowest free slots: rows of similar lengths then sit side by side, and
+        # attention reads each run of them only as far as it needs (attention.py), not to the longest row
+        arrivals.sort(key=lambda a: -len(a[1]))
+        device, width = self.backbone.device, self.prompt_width
+        rows = torch.tensor(free[: len(arrivals)], device=device)
+        ids = torch.full((len(arrivals), width), self.settings.pad_token_id, dtype=torch.long, device=device)
+        for k, (_, prompt, _) in enumerate(arrivals):
+            ids[k, width - len(prompt):] = torch.tensor(prompt)
+        pads = torch.tensor([width - len(a[1]) for a in arrivals], device=device)
+        now = self.clock()
+        for row, (rid, _, _) in zip(rows.tolist(), arrivals):
+            self.owner[row], self.admitted_at[rid] = rid, now
+        self._admit(rows, ids, pads, torch.tensor([a[2] for a in arrivals], device=device))
+
+    def _release(self, row: int):
+        self.admitted_at.pop(self.owner[row], None)
+        self.owner[row] = None
 
     @torch.no_grad()
     def serve(self, prompts: list[list[int]], slots: int, on_finish=None) -> list[dict]:
         """Closed-loop continuous batching: `slots` requests in flight; a finished request's slot is reused by
         the next queued prompt. Returns one record per prompt (new token ids, latency, per-request stats)."""
-        device = self.backbone.device
-        width = max(len(p) for p in prompts)
-        self._allocate(slots, width)
-        self.finished[:] = True
-        queue = list(range(len(prompts)))
+        self.open(slots, max(len(p) for p in prompts))
+        for i, prompt in enumerate(prompts):
+            self.submit(i, prompt)
         records: list[dict | None] = [None] * len(prompts)
-        owner = [-1] * slots  # request id held by each slot
-        started = [0.0] * slots
-        while queue or any(o >= 0 for o in owner):
-            free = [r for r in range(slots) if owner[r] < 0]
-            # the longest prompts take the lowest free slots: rows of similar lengths then sit side by side, and
-            # attention reads each run of them only as far as it needs (attention.py), not to the longest row
-            arrivals = sorted((queue.pop(0) for _ in free[: len(queue)]), key=lambda q: -len(prompts[q]))
-            take = list(zip(free, arrivals))
-            if take:
-                rows = torch.tensor([r for r, _ in take], device=device)
-                ids = torch.full((len(take), width), self.settings.pad_token_id, dtype=torch.long, device=device)
-                for k, (_, q) in enumerate(take):
-                    ids[k, width - len(prompts[q]):] = torch.tensor(prompts[q])
-                pads = torch.tensor([width - len(prompts[q]) for _, q in take], device=device)
-                now = time.perf_counter()
-                for r, q in take:
-                    owner[r], started[r] = q, now
-                self._admit(rows, ids, pads)
-            self._step()
-            now = time.perf_counter()
-            finished = self.finished.tolist()  # one read instead of one per slot
-            for r in range(slots):
-                if owner[r] >= 0 and finished[r]:
-                    n = int(self.count[r])
-                    rec = {"new_ids": self.seq[r, width:width + n].tolist(), "latency": now - started[r],
-                           **self.stats.row_summary(r)}
-                    records[owner[r]] = rec
+        new_ids: list[list[int]] = [[] for _ in prompts]
+        while self.waiting or self.num_running:
+            for e in self.step():
+                new_ids[e.request_id].extend(e.new_ids)
+                if e.finished:
+                    records[e.request_id] = rec = {"new_ids": new_ids[e.request_id], **e.stats}
                     if on_finish is not None:
-                        on_finish(owner[r], rec)
-                    owner[r] = -1
+                        on_finish(e.request_id, rec)
         return records
+
+    def _take_new(self) -> list[tuple[int, int, int]]:
+        """(row, first, last): `seq[row, first:last]` are the tokens a row emitted since the last call."""
+        out = []
+        for row, (sent, count) in enumerate(zip(self.sent.tolist(), self.count.tolist())):
+            if count > sent:
+                out.append((row, self.prompt_width + sent, self.prompt_width + count))
+        self.sent.copy_(self.count)
+        return out
 
     def _step(self) -> bool:
         """One round for every active request (one bucket at a time). False when nothing is active."""
@@ -162,7 +260,7 @@ class Engine:
         for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
             if self.stopper.ended:  # the user's criteria ended the whole batch in an earlier bucket
                 break
-            start = time.perf_counter() if timed else 0.0
+            start = self.clock() if timed else 0.0
             compiling = self.compile_warmup_s
             if block == 1:
                 self._plain_round(rows)
@@ -172,7 +270,7 @@ class Engine:
             if timed and self.compile_warmup_s == compiling:
                 if self.backbone.device.type == "cuda":
                     torch.cuda.synchronize(self.backbone.device)
-                self.policy.observe_round(rows.numel(), block, time.perf_counter() - start)
+                self.policy.observe_round(rows.numel(), block, self.clock() - start)
         return True
 
     # ------------------------------------------------------------------ setup
@@ -195,19 +293,25 @@ class Engine:
                               device=device)
         self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
         self.count = torch.zeros(num_rows, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
+        self.sent = torch.zeros_like(self.count)  # emitted tokens already handed out (`_take_new`)
+        self.limit = torch.full_like(self.count, max_new)  # max_new_tokens per request
         self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
         self.pending = br.PendingBlocks(num_rows, self.policy.max_block, device)
         self.stats = Stats(num_rows)
         self.stopper.start(self.seq, prompt_width)
 
-    def _admit(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor):
-        """Start requests in `rows`: prompts `input_ids` [R, W] left-padded by `pads` [R]."""
+    def _admit(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor,
+               limits: torch.Tensor | None = None):
+        """Start requests in `rows`: prompts `input_ids` [R, W] left-padded by `pads` [R], each generating up to
+        `limits` [R] new tokens (default: the settings' max_new_tokens)."""
         if bool((pads >= self.prompt_width).any()):
             raise ValueError("Every prompt needs at least one token (found an empty, all-padding prompt)")
         self.seq[rows] = self.settings.pad_token_id
         self.seq[rows, : self.prompt_width] = input_ids
         self.count[rows] = 0
-        self.finished[rows] = self.settings.max_new_tokens <= 0
+        self.sent[rows] = 0
+        self.limit[rows] = self.settings.max_new_tokens if limits is None else limits
+        self.finished[rows] = self.limit[rows] <= 0
         self.pending.has[rows] = False
         self.stats.reset_rows(rows)
         self.cache.reset_rows(rows)
@@ -237,7 +341,7 @@ class Engine:
 
     # ------------------------------------------------------------------ one round for one bucket
     def _round(self, rows: torch.Tensor, block: int):
-        remaining = self.settings.max_new_tokens - self.count[rows]
+        remaining = self.limit[rows] - self.count[rows]
         eff = remaining.clamp(max=block)  # [R] tokens this round may emit = verifier segment length
         seeds = self.seq[rows, self.prompt_width + self.count[rows] - 1]
         branches_on = (block > 1 and self.config.branches_enabled and self.policy.branches_on(rows.numel(), block))
@@ -284,7 +388,7 @@ class Engine:
         self.cache.commit(rows, one)
         self.seq[rows, self.prompt_width + count] = token
         self.count[rows] = count + 1
-        done = count + 1 >= self.settings.max_new_tokens
+        done = count + 1 >= self.limit[rows]
         if self.settings.eos_token_ids:
             done |= torch.isin(token, self.eos_ids)
         self.finished[rows] |= done
@@ -405,7 +509,7 @@ class Engine:
         write = (idx[None, :] < num_new[:, None]).nonzero(as_tuple=True)  # (row in bucket, place) pairs
         self.seq[rows[write[0]], self.prompt_width + old[write[0]] + write[1]] = new[write]
         self.count[rows] = old + num_new
-        done = has_eos | (self.count[rows] >= self.settings.max_new_tokens)
+        done = has_eos | (self.count[rows] >= self.limit[rows])
         self.finished[rows] |= done
         self.stopper.check(self.seq, self.count, self.finished, old_counts=(rows, old))
         return self.count[rows] - old

@@ -68,7 +68,10 @@ def generate(*args, **kwargs):
         return GenerationMixin.generate(model, *args, **kwargs)
     _check_supported(gen_config, kwargs)
     _move_stop_strings(gen_config, kwargs)
-    return GenerationMixin.generate(model, *args, custom_generate=_decode, recguide_config=config, **kwargs)
+    # HF hands a custom decoding callable no streamer (and would put the prompt itself): `_decode` streams instead
+    streamer = kwargs.pop("streamer", None)
+    return GenerationMixin.generate(model, *args, custom_generate=_decode, recguide_config=config,
+                                    recguide_streamer=streamer, **kwargs)
 
 
 def _move_stop_strings(gen_config, kwargs):
@@ -108,8 +111,29 @@ def _check_supported(gen_config, kwargs):
 
 
 def _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-            streamer=None, recguide_config: DecodingConfig | None = None, **model_kwargs):
-    """The decoding method HF calls after its own preparation (signature of `GenerationMixin._sample`)."""
+            streamer=None, recguide_config: DecodingConfig | None = None, recguide_streamer=None, **model_kwargs):
+    """The decoding method HF calls after its own preparation (signature of `GenerationMixin._sample`).
+
+    A streamer (HF's protocol) gets the prompt once, then each round's emitted tokens, then `end()`, always: also
+    when decoding stops early or raises, so a consumer waiting on a `TextIteratorStreamer` never hangs."""
+    streamer = streamer or recguide_streamer
+    if streamer is None:
+        return _decode_batch(model, input_ids, generation_config, recguide_config, logits_processor,
+                             stopping_criteria, model_kwargs.get("attention_mask"))
+    try:
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"streamer= needs a batch of one prompt, as Hugging Face's streamers do; got "
+                             f"{input_ids.shape[0]}")
+        streamer.put(input_ids.cpu())
+        return _decode_batch(model, input_ids, generation_config, recguide_config, logits_processor,
+                             stopping_criteria, model_kwargs.get("attention_mask"),
+                             on_tokens=lambda row, ids: streamer.put(ids.cpu()))
+    finally:
+        streamer.end()
+
+
+def _decode_batch(model, input_ids, generation_config, recguide_config, logits_processor, stopping_criteria,
+                  attention_mask, on_tokens=None):
     config = recguide_config or DecodingConfig.from_sources(generation_config)
     backbone = as_backbone(model)
     eos = generation_config._eos_token_tensor
@@ -126,15 +150,12 @@ def _decode(model, input_ids, logits_processor, stopping_criteria, generation_co
     engine = Engine(backbone, config, settings, ScoreProcessor(logits_processor, backbone.mask_token_id),
                     StopChecker(stopping_criteria, pad_id), base_dir=getattr(model.config, "_name_or_path", None),
                     prices=prices)
-    sequences, stats = engine.generate(input_ids, model_kwargs.get("attention_mask"))
+    sequences, stats = engine.generate(input_ids, attention_mask, on_tokens=on_tokens)
     summary = stats.as_dict()
     summary["branches"] = branch_status(config.branches_enabled, summary)
     if engine.compile_warmup_s is not None:
         summary["compile_warmup_s"] = engine.compile_warmup_s  # seconds of this call's forwards that compiled
     _RUN.record(config, summary)
-    if streamer is not None:
-        streamer.put(sequences[:, input_ids.shape[1]:].cpu())
-        streamer.end()
     if generation_config.return_dict_in_generate:
         return RecGuideGenerateOutput(sequences=sequences, recguide_stats=summary)
     return sequences

@@ -54,6 +54,11 @@ class SelfDraftCandidateGenerator(CandidateGenerator):
         draft_logits[..., self.mask_token_id] = float("-inf")
         return torch.cat([input_ids, draft_logits.argmax(-1)], dim=1), draft_logits
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """Candidates per round at most (transformers >= 5.25 sizes the cache's past recording by it)."""
+        return self.block_size - 1
+
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         pass
 

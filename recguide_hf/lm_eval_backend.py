@@ -19,7 +19,7 @@ things, and on CPU a third:
 lm-eval 0.4.13 has no plugin entry points, so this module must be imported before lm-eval resolves the model
 name. Either run the CLI through it:
 
-    python -m recguide_hf.lm_eval_backend --model recguide --model_args pretrained=model_cards/recguide-tiny \\
+    python -m recguide_hf.lm_eval_backend --model recguide --model_args pretrained=recguide_hf/bundled/recguide-tiny \\
         --device cpu --include_path eval/tasks --tasks recguide_local --gen_kwargs recguide_mode=recguide
 
 or import it before calling the API: `import recguide_hf.lm_eval_backend; lm_eval.simple_evaluate(model="recguide",
@@ -35,7 +35,9 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-DEFAULT_MODEL = "model_cards/recguide-tiny"
+from . import BUNDLED_MODEL
+
+DEFAULT_MODEL = str(BUNDLED_MODEL)
 POOLED = ("new_tokens", "forwards", "rounds", "query_tokens", "accepted_drafts", "drafted", "branch_rounds",
           "forwards_saved")
 

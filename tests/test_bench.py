@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from recguide_hf.cli import BUNDLED_MODEL, main
+from recguide_hf.cli import ASSISTANT, BUNDLED_MODEL, main
 
 
 @pytest.mark.slow
@@ -17,7 +17,7 @@ def test_bench_quick(tmp_path, monkeypatch):
         assert (tmp_path / name).stat().st_size > 0, name
     result = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["method"], r["concurrency"]): r for r in result["rows"]}
-    has_assistant = (BUNDLED_MODEL.parent / "recguide-tiny-assistant").exists()
+    has_assistant = ASSISTANT.exists()
     batch_one = {("hf-lookup", 1)} | ({("hf-assisted", 1)} if has_assistant else set())
     assert set(rows) == {(m, c) for m in ("ar", "linear-4", "linear-16", "recguide") for c in (1, 4)} | batch_one
     assert all(r["equal_to_ar"] for r in rows.values())  # greedy output equals plain HF greedy, every method

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from recguide_hf import BUNDLED_MODEL
+
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ROOT / "eval" / "tasks"
 METRICS = ROOT / "eval" / "metrics"
-TOKENIZER = ROOT / "model_cards" / "recguide-tiny"
+TOKENIZER = BUNDLED_MODEL
 TASK_NAMES = ("recguide_stdlib_nextline", "recguide_shakespeare_nextline")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

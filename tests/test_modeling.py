@@ -7,10 +7,11 @@ import torch
 from conftest import MASK, tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from recguide_hf import BUNDLED_MODEL
 from recguide_hf.cache import RowCache
 from recguide_hf.export import save_model_folder
 
-BUNDLED = os.path.join(os.path.dirname(__file__), "..", "model_cards", "recguide-tiny")
+BUNDLED = str(BUNDLED_MODEL)
 
 
 def test_draft_forward_shape_and_cache_untouched(model):

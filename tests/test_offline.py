@@ -40,8 +40,7 @@ except OSError:
 assert attempts and attempts[0].endswith(" 192.0.2.1"), attempts
 attempts.clear()
 
-sys.path.insert(0, "eval")
-from prompts import load_mixed, load_prompts
+from recguide_hf.prompts import load_prompts
 for name in ("humaneval", "prose", "code"):
     assert load_prompts(name, 2)
 from recguide_hf.cli import main

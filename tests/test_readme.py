@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from recguide_hf import BUNDLED_MODEL
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -16,12 +18,15 @@ def python_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-@pytest.mark.skipif(not (ROOT / "model_cards" / "recguide-tiny" / "model.safetensors").exists(),
+@pytest.mark.skipif(not (BUNDLED_MODEL / "model.safetensors").exists(),
                     reason="bundled weights missing")
-def test_python_example_runs_with_stdin_closed():
-    """No interactive trust_remote_code prompt (stdin is closed, so a prompt would block or fail), exit 0, and it
-    prints the decoded texts and the statistics it promises."""
-    out = subprocess.run([sys.executable, "-c", python_example()], cwd=ROOT, stdin=subprocess.DEVNULL,
+def test_python_example_runs_with_stdin_closed(tmp_path):
+    """Pasted into a file in a folder outside the clone and run there: no interactive trust_remote_code prompt
+    (stdin is closed, so a prompt would block or fail), exit 0, and it prints the decoded texts and the statistics
+    it promises."""
+    script = tmp_path / "example.py"
+    script.write_text(python_example())
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, stdin=subprocess.DEVNULL,
                          capture_output=True, text=True, timeout=300,
                          env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
                               "PATH": "/usr/bin:/bin"})

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 import recguide_hf
+from recguide_hf import BUNDLED_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLED = ROOT / "model_cards" / "recguide-tiny"
+BUNDLED = BUNDLED_MODEL
 
 
 

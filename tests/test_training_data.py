@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval.measure_model import distinct4
 from eval.teacher_data import loop_start  # noqa: E402
 from eval.train import draft_blocks  # noqa: E402
+from recguide_hf import BUNDLED_MODEL  # noqa: E402
 
 MASK = 3
 
@@ -75,7 +76,7 @@ def test_docstring_ends_mark_humaneval_shaped_window_ends():
 
     from eval.teacher_data import docstring_ends
 
-    tok = PreTrainedTokenizerFast.from_pretrained(Path(__file__).resolve().parents[1] / "model_cards/recguide-tiny")
+    tok = PreTrainedTokenizerFast.from_pretrained(BUNDLED_MODEL)
     q = '"' * 3
     text = (f"import os\n\n\ndef add(a, b):\n    {q}Add two numbers.\n\n    More words here.\n    {q}\n"
             "    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"

