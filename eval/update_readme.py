@@ -31,6 +31,45 @@ CARDS = ROOT / "model_cards"
 BUNDLED = ROOT / "recguide_hf" / "bundled" / "recguide-tiny"
 
 
+SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
+
+
+def serving_results(res: Path) -> str:
+    """The open-loop runs (`recguide bench --arrivals`, results in open_loop_*/) and the server's load test
+    (eval/serve_load.py, serve_load.json), each with its command, as measured."""
+    from recguide_hf.openloop import markdown_open, verdict
+
+    parts = []
+    for folder in sorted(res.glob("open_loop_*")):
+        path = folder / "open_loop.json"
+        if not path.exists():
+            continue
+        run = json.loads(path.read_text())
+        env, trace = run["environment"], run["trace"]
+        where = ("a simulation: every forward priced by " + run["settings"]["virtual_costs"] + ", the arrival clock "
+                 "simulated too" if run["settings"].get("virtual_costs") else f"wall time on {env['hardware']}")
+        parts += [f"**Open loop, {trace['kind']} arrivals** ({where}; {len(trace['arrivals'])} requests, "
+                  f"{run['settings']['max_new_tokens']} new tokens each, {run['settings']['slots']} rows; "
+                  f"`{env['command']}`, commit {env['git_commit']}):", "", markdown_open(run["rows"]), ""]
+        line = verdict(run["rows"])
+        if line:
+            parts += [line + ".", ""]
+        for png in ("open_loop_in_flight.png", "open_loop_latency_cdf.png"):
+            if (folder / png).exists():
+                parts += [f"![{folder.name} {png[10:-4]}]({folder.relative_to(ROOT)}/{png})", ""]
+    load = res / "serve_load.json"
+    if load.exists():
+        r = json.loads(load.read_text())
+        parts += [f"**Load test of `recguide serve`** (`{r['command']}`): {r['clients']} clients for "
+                  f"{r['seconds']:.0f} s, half streaming: {r['requests']} requests, {r['finished']} finished, "
+                  f"{r['failed']} failed, {r['clients_still_open']} clients still open at the end; greedy responses "
+                  f"equal to plain HF greedy: {r['greedy_equal_to_hf']} of {r['finished']}; client-side TTFT p50 "
+                  f"{r['ttft_s']['p50']:.2f} s, p99 {r['ttft_s']['p99']:.2f} s; server memory "
+                  f"{r['rss_mb']['before']:.0f} MB before, {r['rss_mb']['after']:.0f} MB after "
+                  f"(x{r['rss_mb']['ratio']:.2f}).", ""]
+    return "\n".join(parts).strip() or "(no serving runs recorded yet)"
+
+
 def replace_between(text: str, markers: tuple[str, str], body: str, sep: str = "\n") -> str:
     start, end = markers
     if start not in text:
@@ -458,6 +497,7 @@ def main():
     text = replace_between(text, SERVE, serve_table(res))
     text = replace_between(text, BRANCHES, branch_table(res))
     text = replace_between(text, ("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), sep="")
+    text = replace_between(text, SERVING, serving_results(res))
     readme.write_text(text)
     print("README results section updated")
 

@@ -270,6 +270,8 @@ def cmd_bench(args) -> int:
 
     out = Path(args.out) if args.out else Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     print(f"results will be written to {out}/")
+    if args.arrivals:
+        return bench_open_loop(args, out)
     if args.quick:
         args.concurrency, args.max_new_tokens, args.repeats = [1, 4], 32, 1
         args.prompts_per_slot, args.min_prompts = 1, 4
@@ -359,6 +361,58 @@ def cmd_serve(args) -> int:
     return 0
 
 
+OPEN_METHODS = ("hf-cb", "linear-1", "linear-4", "linear-8", "linear-16", "recguide")
+OPEN_VIRTUAL_METHODS = ("linear-1", "linear-4", "linear-8", "linear-16", "linear-32", "recguide")
+
+
+def bench_open_loop(args, out: Path) -> int:
+    """`recguide bench --arrivals SPEC`: every method on the same seeded arrivals (recguide_hf/openloop.py)."""
+    from tqdm import tqdm
+
+    from .bench import VirtualCosts, environment
+    from .openloop import markdown_open, open_loop, parse_arrivals, plot_open, verdict
+    from .prompts import load_mixed
+
+    arrivals, trace = parse_arrivals(args.arrivals, args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    virtual = virtual_table = None
+    methods = args.methods or list(OPEN_VIRTUAL_METHODS if args.virtual_costs else OPEN_METHODS)
+    if args.virtual_costs:
+        virtual = VirtualCosts(args.virtual_costs)
+        virtual_table = out / "virtual_cost_table.json"
+        virtual_table.write_text(json.dumps(virtual.cost_table(), indent=1) + "\n")
+        methods = [m for m in methods if m != "hf-cb"]
+    env = environment(args.command_line)
+    tokenizer, model = load(args.model, "fp32", args.device)
+    plain = None
+    if getattr(model, "peft_config", None) or any("lora_" in n for n, _ in model.named_parameters()):
+        plain = load(args.model, "fp32", args.device, draft_adapter=False)[1]
+    prompts = load_mixed((args.pool + 1) // 2)[: args.pool]
+    print(f"{len(arrivals)} requests over {arrivals[-1]:.1f} s ({trace['kind']}), {len(prompts)} prompts, "
+          f"{args.max_new_tokens} new tokens each, {args.slots} slots; methods {methods}")
+    with tqdm(total=len(methods), desc="open loop") as bar:
+        result = open_loop(model, tokenizer, prompts, methods, arrivals, args.max_new_tokens, args.slots,
+                           reference_model=plain, virtual=virtual,
+                           virtual_table=str(virtual_table) if virtual_table else None, progress=bar)
+    result["virtual"] = virtual.name if virtual is not None else None
+    files = plot_open(result, out)
+    rows = result["rows"]
+    saved = {"rows": rows, "trace": {**trace, "arrivals": arrivals}, "environment": env,
+             "settings": {"methods": methods, "max_new_tokens": args.max_new_tokens, "slots": args.slots,
+                          "prompts": len(prompts), "virtual_costs": str(args.virtual_costs or "") or None},
+             "timelines": {m: run["timeline"] for m, run in result["runs"].items()}}
+    (out / "open_loop.json").write_text(json.dumps(saved, indent=1) + "\n")
+    table = markdown_open(rows)
+    line = verdict(rows)
+    (out / "open_loop.md").write_text(f"Command: `{env['command']}`\n\nHardware: {env['hardware']}; commit "
+                                      f"{env['git_commit']}\n\n{table}\n\n{line or ''}\n")
+    print(table)
+    if line:
+        print(line)
+    print("wrote " + ", ".join(str(f) for f in [out / "open_loop.json", out / "open_loop.md", *files]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="recguide", description="RecGuide self-speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -440,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for bench.json, bench.md and the plots (default: a fresh runs/bench-<time>/; "
                         "the committed results the README shows are regenerated with --out eval/results)")
     b.add_argument("--device", default="cpu")
+    b.add_argument("--arrivals", default=None, metavar="SPEC",
+                   help="an open loop: requests arrive by a seeded trace, poisson:RATE,N or bursty:LOW,HIGH,SECONDS "
+                        "(rates per second), every method on the same arrivals (recguide_hf/openloop.py)")
+    b.add_argument("--slots", type=int, default=64, help="--arrivals: rows decoding at once; later arrivals wait")
+    b.add_argument("--pool", type=int, default=32, help="--arrivals: distinct prompts the requests cycle through")
+    b.add_argument("--seed", type=int, default=0, help="--arrivals: the trace's seed")
     b.add_argument("--virtual-costs", default=None, metavar="FILE",
                    help="a simulation: run the real engine but charge every forward a cost model's time for its "
                         "tokens (e.g. eval/costs/nld8b_b200.json: NLD-8B on a B200, from published figures); "

@@ -254,12 +254,14 @@ class Engine:
     def _step(self) -> bool:
         """One round for every active request (one bucket at a time). False when nothing is active."""
         active = (~self.finished).nonzero().squeeze(1)
+        self.last_round: dict[int, int] = {}  # rows per block size in this round (telemetry)
         if active.numel() == 0:
             return False
         timed = self.policy.online
         for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
             if self.stopper.ended:  # the user's criteria ended the whole batch in an earlier bucket
                 break
+            self.last_round[block] = self.last_round.get(block, 0) + rows.numel()
             start = self.clock() if timed else 0.0
             compiling = self.compile_warmup_s
             if block == 1:
