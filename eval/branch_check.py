@@ -31,8 +31,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recguide_hf.bench import run_engine, run_hf, save_run, summarize  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402
 from recguide_hf.compiled import CompiledForward  # noqa: E402

@@ -37,19 +37,15 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
-from transformers import AutoTokenizer, DynamicCache, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from teacher_data import greedy  # noqa: E402
+from tqdm import tqdm
 from train import TeacherBatches, draft_blocks, set_lr  # noqa: E402
+from transformers import AutoTokenizer, DynamicCache, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from recguide_hf.draft import make_draft  # noqa: E402
 from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter  # noqa: E402

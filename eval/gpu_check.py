@@ -5,7 +5,7 @@ optionally on a real NLD checkpoint. Meant for a GPU (a few minutes); also runs 
     python eval/gpu_check.py --device cpu --max-new-tokens 16 --batch 2
     python eval/gpu_check.py --model /path/to/Nemotron-Labs-Diffusion-8B --adapter /path/to/draft_lora
 
-* parity: every mode's greedy output against plain AR greedy with the LoRA off (`tests/nld_standin.py`'s
+* parity: every mode's greedy output against plain AR greedy with the LoRA off (`recguide_hf/testing/nld_standin.py`'s
   `ar_greedy`: encoder + diffusion head, DynamicCache, one token per forward), as "identical rows / rows"
   and the first differing new-token index. On the stand-in (fp32) the outputs must be identical. In bf16,
   batched and one-token forwards round differently, so a real checkpoint may legitimately drift after a
@@ -29,11 +29,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from nld_standin import EOS, MASK, PAD, ar_greedy, set_lora, standin  # noqa: E402
-
 import recguide_hf  # noqa: E402
+from recguide_hf.testing.nld_standin import EOS, MASK, PAD, ar_greedy, set_lora, standin  # noqa: E402
 
 MODES = [("ar", None), ("linear", "fused"), ("recguide", "fused"), ("recguide", "streams")]
 FALLBACK_PROMPTS = [

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import recguide_hf  # noqa: E402
 from recguide_hf.bench import environment  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402

@@ -22,15 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recguide_hf import branches  # noqa: E402
 from recguide_hf.bench import ar_compile_kwargs, save_run  # noqa: E402
 from recguide_hf.cli import load  # noqa: E402

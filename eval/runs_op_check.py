@@ -8,12 +8,9 @@ seconds are booked apart for prefills and rounds.
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import recguide_hf.compiled as comp  # noqa: E402
 import recguide_hf.engine as eng  # noqa: E402
 from recguide_hf.bench import run_engine  # noqa: E402

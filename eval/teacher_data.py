@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from measure_model import distinct4  # noqa: E402
 from tqdm import tqdm
+from train import load_tokens  # noqa: E402
 from transformers import AutoTokenizer, StaticCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval.measure_model import distinct4  # noqa: E402
-from eval.train import load_tokens  # noqa: E402
 from recguide_hf.modeling import RecGuideForCausalLM  # noqa: E402
 
 

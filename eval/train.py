@@ -28,7 +28,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -38,7 +37,6 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import AutoTokenizer, DynamicCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recguide_hf.modeling import RecGuideConfig, RecGuideForCausalLM, additive_mask  # noqa: E402
 
 MODEL_CONFIG = dict(  # ~12M parameters; sized so ~100 CPU minutes see a few epochs of the corpus

@@ -14,11 +14,9 @@ of docs/lm_eval.md (between its parity markers).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 SPEED = ("<!-- speed:start -->", "<!-- speed:end -->")
 ROUND = ("<!-- round:start -->", "<!-- round:end -->")
@@ -264,7 +262,6 @@ def branch_table(res: Path) -> str:
     path = res / "branch_check.json"
     if not path.exists():
         return "(run `python eval/branch_check.py --out eval/results/branch_check.json`)"
-    sys.path.insert(0, str(ROOT / "eval"))
     from branch_check import break_even_without_routing, markdown
 
     data = json.loads(path.read_text())
@@ -463,7 +460,6 @@ def main():
         lines += engine_section(res / "engine.json") + ["", "Regenerate with the command above.", ""]
     parity = res / "lm_eval_parity.json"
     if parity.exists():
-        sys.path.insert(0, str(ROOT / "eval"))
         from lm_eval_parity import table
 
         report = json.loads(parity.read_text())

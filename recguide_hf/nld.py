@@ -8,7 +8,8 @@ the engine passes, so one forward can mix verifier (causal) and draft (bidirecti
 NLD-8B drafts with a PEFT LoRA adapter (on `o_proj`); `Backbone.forward` routes it per token
 (recguide_hf/draft_adapter.py), so verifier tokens get exactly the base weights' output.
 
-How NLD's published encoder must be called (issue 30; `tests/nld_standin_modeling.py` behaves the same way):
+How NLD's published encoder must be called (issue 30; `recguide_hf/testing/nld_standin_modeling.py` behaves the same
+way):
 
 * an explicit mask reaches attention only with `use_causal_mask=True` (NLD's own `linear_spec_generate` and
   axolotl's integration pass it whenever they give a mask); without it the engine's mask is dropped;

@@ -129,10 +129,7 @@ def test_hf_assisted_rows_count_verifier_and_draft_forwards():
 def test_branch_check_break_even_reading():
     """eval/branch_check.py: segment costs read linearly between the timed S = 1, 2, 3 (clamped outside), and the
     README table's break-even coverage is extra verify time over draft time, with and without the routing part."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
     from branch_check import at, markdown
 
     costs = {"branches_1": 0.010, "branches_2": 0.014, "branches_3": 0.020}
@@ -243,10 +240,7 @@ def test_hf_fast_paths_equal_plain_greedy(monkeypatch):
 def test_readme_compile_note_reads_the_bench(tmp_path, monkeypatch):
     """README's compile note (eval/update_readme.py) states each C's compiled / eager ratio, the first warm-up with
     the compile cache's state as the bench recorded it, and the tokens that repay it where compiling was faster."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
     from update_readme import compile_note
 
     from recguide_hf import bench as bench_module
@@ -305,10 +299,7 @@ def test_readme_compiled_round_table_states_the_arithmetic(tmp_path):
     """The compiled round table (eval/update_readme.py) prices a round in HF compiled steps from the profile's own
     figures and says what x1.3 would need: fewer steps per round at that yield, or more tokens at that cost."""
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
     from update_readme import compiled_round_table
 
     assert "round_profile.py --compile" in compiled_round_table(tmp_path)  # no profile yet: how to make one

@@ -8,7 +8,13 @@ import torch
 pytest.importorskip("peft")
 
 from conftest import assert_close_layouts, fused_forward, left_pad, random_prompts  # noqa: E402
-from nld_standin import (  # noqa: E402
+
+import recguide_hf  # noqa: E402
+from recguide_hf.config import DecodingConfig  # noqa: E402
+from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
+from recguide_hf.models import as_backbone  # noqa: E402
+from recguide_hf.nld import NLDBackbone  # noqa: E402
+from recguide_hf.testing.nld_standin import (  # noqa: E402
     EOS,
     LLAMA4_THRESHOLD,
     MASK,
@@ -21,12 +27,6 @@ from nld_standin import (  # noqa: E402
     standin,
     write_standin_folder,
 )
-
-import recguide_hf  # noqa: E402
-from recguide_hf.config import DecodingConfig  # noqa: E402
-from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
-from recguide_hf.models import as_backbone  # noqa: E402
-from recguide_hf.nld import NLDBackbone  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -207,10 +207,11 @@ def test_flags_forced_causal_and_restored_switches(model):
 def test_generation_mixin_variant_and_peft_wrapper():
     """An NLD class that is a GenerationMixin (with its own `generate`) goes through HF's generate; a PEFT
     `PeftModel` around an NLD model is unwrapped and routes its LoRA the same way."""
-    from nld_standin import lora_config, randomize_lora
-    from nld_standin_modeling import NLDStandInModel
     from peft import get_peft_model
     from transformers import GenerationConfig, GenerationMixin
+
+    from recguide_hf.testing.nld_standin import lora_config, randomize_lora
+    from recguide_hf.testing.nld_standin_modeling import NLDStandInModel
 
     class WithGenerate(NLDStandInModel, GenerationMixin):
         def generate(self, *args, **kwargs):  # NLD's block-diffusion generate shadows HF's

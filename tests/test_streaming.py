@@ -119,8 +119,8 @@ def test_streamer_needs_batch_one_and_still_ends(folder):
 
 def test_streamer_on_a_model_without_generation_mixin():
     """The direct path (NLD's AutoModel class has no GenerationMixin) streams the same way."""
-    from nld_standin import PAD as NLD_PAD
-    from nld_standin import standin
+    from recguide_hf.testing.nld_standin import PAD as NLD_PAD
+    from recguide_hf.testing.nld_standin import standin
 
     model = standin(seed=0)
     ids = torch.tensor([[5, 6, 7, 8]])

@@ -1,15 +1,12 @@
 """Training-data helpers of eval/: draft blocks (the drafter's objective) and the teacher's loop cut."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from measure_model import distinct4
+from teacher_data import loop_start  # noqa: E402
+from train import draft_blocks  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval.measure_model import distinct4
-from eval.teacher_data import loop_start  # noqa: E402
-from eval.train import draft_blocks  # noqa: E402
 from recguide_hf import BUNDLED_MODEL  # noqa: E402
 
 MASK = 3
@@ -72,9 +69,8 @@ def test_docstring_ends_mark_humaneval_shaped_window_ends():
     """Window ends fall right after a function's docstring closes (and its newline), never after the
     opening quotes, and never for a docstring-less def."""
     import numpy as np
+    from teacher_data import docstring_ends
     from transformers import PreTrainedTokenizerFast
-
-    from eval.teacher_data import docstring_ends
 
     tok = PreTrainedTokenizerFast.from_pretrained(BUNDLED_MODEL)
     q = '"' * 3
@@ -96,9 +92,8 @@ def test_distill_seed_layout_matches_the_engine():
     from argparse import Namespace
 
     from conftest import tiny_model
+    from distill import AdapterStudent, decay_weights
     from transformers import DynamicCache
-
-    from eval.distill import AdapterStudent, decay_weights
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(4, 96, (2, 40), generator=gen)
@@ -130,8 +125,7 @@ def test_distill_seed_layout_matches_the_engine():
 def test_teacher_batches_pool_several_files(tmp_path):
     """`distill.py --teacher-data a.npz b.npz`: rows of both files are drawn; files of another shape are refused."""
     import numpy as np
-
-    from eval.train import TeacherBatches
+    from train import TeacherBatches
 
     def write(name, fill, rows, prompt_len=4, width=10):
         path = tmp_path / name
@@ -152,7 +146,7 @@ def test_teacher_batches_pool_several_files(tmp_path):
 def test_correction_hits_follow_the_reuse_rule():
     """Known answers for `eval/distill.py`'s offline correction coverage (DESIGN 2.2): the first mismatch must be
     one of the two earliest risky places and its correction token must be the verifier's."""
-    from eval.distill import correction_hits
+    from distill import correction_hits
 
     #            place:   0    1    2    3
     margin = torch.tensor([[0.9, 0.2, 0.3, 0.1],   # mismatch at 2: risky, one risky place before it -> kept
@@ -171,7 +165,7 @@ def test_correction_hits_follow_the_reuse_rule():
 def test_rank2_term_trains_the_correction_token_and_leaves_a_right_argmax_alone():
     """`--rank2-weight`: where the student's argmax is wrong, the teacher's token is pushed towards second place
     without touching the argmax's logit; where the argmax is right, the term adds nothing."""
-    from eval.distill import distill_loss
+    from distill import distill_loss
 
     teacher = torch.log_softmax(torch.tensor([[0.0, 5.0, 1.0, 0.0, 0.0], [0.0, 5.0, 1.0, 0.0, 0.0]]), -1)
     student = torch.tensor([[0.0, 0.0, 3.0, 1.0, 2.0],   # argmax 2, teacher's token 1: wrong
@@ -192,9 +186,8 @@ def test_rank2_term_trains_the_correction_token_and_leaves_a_right_argmax_alone(
 def test_average_adapters_is_the_mean_of_a_and_b_and_records_it(tmp_path):
     import json
 
+    from average_adapters import average
     from safetensors.torch import load_file, save_file
-
-    from eval.average_adapters import average
 
     folders = []
     for i in range(2):

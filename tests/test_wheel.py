@@ -1,6 +1,7 @@
 """The wheel, used outside the repository: it carries the bundled model and the prompt sets, and its command line
 runs from any folder (nothing at run time reads `eval/` or `tests/`)."""
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -16,8 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT),
-                    "-w", str(out)], check=True, capture_output=True, timeout=600)
+    # setuptools stages files in ROOT/build/ and would carry a stale module from an earlier build into this wheel
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(out)],
+                       check=True, capture_output=True, timeout=600)
+    finally:
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
     (path,) = out.glob("recguide_hf-*.whl")
     return path
 

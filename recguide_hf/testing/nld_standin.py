@@ -15,7 +15,7 @@
 * `write_standin_folder(dir)`: a `trust_remote_code` model folder (config with `auto_map` -> AutoModel, the
   modeling file, weights, a character-level tokenizer) plus the LoRA as a PEFT adapter in `dir/draft_lora`.
 
-Run `python tests/nld_standin.py DIR` to write such a folder.
+Run `python -m recguide_hf.testing.nld_standin DIR` to write such a folder.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 from transformers import DynamicCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nld_standin_modeling import NLDStandInConfig, NLDStandInModel  # noqa: E402
+from .nld_standin_modeling import NLDStandInConfig, NLDStandInModel
 
 MASK, EOS, PAD = 100, 11, 0
 VOCAB = 128
@@ -206,5 +205,5 @@ def write_standin_folder(path: str | Path, seed: int = 0) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/nld_standin.py OUT_DIR")
+        sys.exit("usage: python -m recguide_hf.testing.nld_standin OUT_DIR")
     print(write_standin_folder(sys.argv[1]))
