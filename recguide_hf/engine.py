@@ -188,11 +188,14 @@ class Engine:
         out = []
         news = {row: (first, last) for row, first, last in self._take_new()}
         finished = self.finished.tolist()  # one read instead of one per slot
+        lo = min((f for f, _ in news.values()), default=0)
+        hi = max((t for _, t in news.values()), default=0)
+        window = self.seq[:, lo:hi].tolist()  # every row's new tokens in one device read
         for row, rid in enumerate(self.owner):
             if rid is None or (row not in news and not finished[row]):
                 continue
-            first, last = news.get(row, (0, 0))
-            ids = self.seq[row, first:last].tolist()
+            first, last = news.get(row, (lo, lo))
+            ids = window[row][first - lo:last - lo]
             if finished[row]:
                 stats = {**self.stats.row_summary(row), "latency": self.clock() - self.admitted_at[rid]}
                 out.append(Emission(rid, ids, True, stats))
