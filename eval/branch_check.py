@@ -3,7 +3,7 @@
     python eval/branch_check.py --out eval/results/branch_check.json
 
 A branch round carries S segments of B draft tokens per request in its verify forward and saves the next
-round's draft forward where a branch came true (DESIGN 2.2). It pays iff
+round's draft forward where a branch came true (docs/algorithm.md §2.2). It pays iff
 
     coverage * T_draft  >  T_verify(S) - T_verify(0)
 
@@ -18,7 +18,8 @@ both sides on this machine and the result they add up to:
   forward, the verify forward of B tokens, the same with S = 1, 2, 3 segments routed through the drafting
   adapter (what serving runs), and the same token count with no adapter, read at the segments per row serving
   carried (linear between the timed S), so the extra cost splits into extra tokens and the adapter's routing.
-The break-even coverage is extra / T_draft; the paper reports about 75% of rounds hit on NLD-8B (DESIGN 2.2).
+The break-even coverage is extra / T_draft; the paper reports about 75% of rounds hit on NLD-8B
+(docs/algorithm.md §2.2).
 """
 
 from __future__ import annotations

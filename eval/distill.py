@@ -1,4 +1,4 @@
-"""Distil a drafter from the FROZEN verifier: a drafting LoRA adapter, or a small AR draft model (DESIGN 5).
+"""Distil a drafter from the FROZEN verifier: a drafting LoRA adapter, or a small AR draft model (docs/algorithm.md §5).
 
     python eval/teacher_data.py --minutes 11 --prompt-len 96 --new-tokens 160 --out data/distill/teacher_v2.npz
     python eval/distill.py --student adapter --minutes 60 --run runs/adapter \
@@ -69,7 +69,7 @@ def distill_loss(student_logits, teacher_logp, labels_ok, weights, kl_weight: fl
                  rank2_weight: float = 0.0, excluded: list[int] | None = None):
     """Weighted CE to the teacher's argmax + KL(teacher || student) [+ the rank-2 term]. All [T, V] / [T].
 
-    The rank-2 term is what a correction branch needs (DESIGN 2.2): where the student's argmax is wrong, the
+    The rank-2 term is what a correction branch needs (docs/algorithm.md §2.2): where the student's argmax is wrong, the
     branch hypothesises the second-ranked token c_p (never MASK, EOS or the argmax), so the teacher's token is
     trained to be the argmax of the student's distribution with its own argmax (and `excluded`) removed. It
     leaves the argmax's own logit alone, so it cannot make a right first choice wrong.
@@ -118,8 +118,8 @@ def seed_layout(ids: torch.Tensor, allowed: torch.Tensor, mask_id: int, first_dr
 def correction_hits(margin, correction, targets, runs, delta: float = 0.5, max_corrections: int = 2):
     """Would a correction branch supply the next block? margin, correction, targets: [N, A, B-1]; runs [N, A].
 
-    DESIGN 2.2's rule, per block: the first mismatch sits at draft place `runs` (0-based; none when the whole
-    block was accepted); a correction at p hits iff p is among the earliest `max_corrections` risky places
+    The rule of docs/algorithm.md §2.2, per block: the first mismatch sits at draft place `runs` (0-based; none when
+    the whole block was accepted); a correction at p hits iff p is among the earliest `max_corrections` risky places
     (margin < delta) and the verifier's token there equals the correction token c_p. Returns `(hit, place)`:
     Returns hit [N, A] bool for the whole block; at block size b the branch exists only if the mismatch
     falls inside the block: `hit & (runs < b - 1)` (truncating the block leaves the earlier places as they are).
@@ -281,7 +281,8 @@ def heldout_rows(verifier, tokenizer, prompt_len: int, new_tokens: int, per_set:
 @torch.no_grad()
 def measure(student, verifier, rows: dict[str, torch.Tensor], prompt_len: int, blocks=(8, 16, 32)) -> dict:
     """Held-out tau(B) by the accepted-run estimate and, for the adapter, the share of blocks whose next block a
-    correction branch would supply (`correction_{set}_B{b}`, DESIGN 2.2's rule with delta 0.5, two corrections)."""
+    correction branch would supply (`correction_{set}_B{b}`, docs/algorithm.md §2.2's rule with delta 0.5, two
+    corrections)."""
     res = {}
     risk = isinstance(student, AdapterStudent)
     for name, x in rows.items():

@@ -7,7 +7,7 @@ prose, skipping the first 100 of each) logs every round's accepted drafts n_t an
 progress a round at block B would have made is min(n_t, B - 1) + 1 (acceptance is a prefix). Each signal
 below is fitted to it by least squares on 4 of 5 folds of requests and scored on the fifth (out of fold R^2;
 0 = no better than the mean, below 0 = worse):
-* `certainty`: s_t = -(e_{t-1} + e_{t-2}) / 2, what the value table bins (DESIGN 2.3);
+* `certainty`: s_t = -(e_{t-1} + e_{t-2}) / 2, what the value table bins (docs/algorithm.md §2.3);
 * `full`: the previous round fully accepted at block B (the F of the state z = (B, F));
 * `accepted`: n_{t-1}, and `accepted_2`: n_{t-1} and n_{t-2}, each censored at B - 1 as a round at B would see;
 * `certainty+accepted_2`: all three.

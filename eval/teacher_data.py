@@ -1,4 +1,4 @@
-"""Greedy continuations of a FROZEN teacher for distilling the drafter (DESIGN 5).
+"""Greedy continuations of a FROZEN teacher for distilling the drafter (docs/algorithm.md §5).
 
     python eval/teacher_data.py --teacher recguide_hf/bundled/recguide-tiny --minutes 8 --out data/distill/teacher.npz
 

@@ -16,7 +16,7 @@ shape) attends to the clean keys before t and bidirectionally to its own block; 
 to predict the token AT its position, weighted 1/sqrt(i) towards the block start (acceptance is a prefix).
 The clean keys are computed once on the fast causal path instead of in a doubled [clean | noisy] sequence.
 
-Distillation (`--phase distill`, DESIGN 5): the drafter learns the FROZEN teacher's greedy continuations
+Distillation (`--phase distill`, docs/algorithm.md §5): the drafter learns the FROZEN teacher's greedy continuations
 (what acceptance measures), cut before loops by eval/teacher_data.py; draft blocks are anchored inside the
 continuation and the AR loss is held on the real-text prompt of each row.
 """

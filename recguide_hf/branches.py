@@ -1,4 +1,4 @@
-"""Prospective branches: next-round drafts computed inside the verification forward (DESIGN 2.2).
+"""Prospective branches: next-round drafts computed inside the verification forward (docs/algorithm.md §2.2).
 
 Layout: all segments of a request share ONE row of the forward. The verifier segment `[seed, d_1..d_K]`
 comes first (so the tokens to commit are the first slots), then up to three branch segments of B tokens:

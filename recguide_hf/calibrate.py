@@ -1,4 +1,4 @@
-"""Fit the value table `V_B(s, z)` of the adaptive block-size policy (DESIGN 2.3).
+"""Fit the value table `V_B(s, z)` of the adaptive block-size policy (docs/algorithm.md §2.3).
 
 Calibration runs LinearSS at the largest block size and logs, per request and round, the verifier
 entropy `e_t` and the drafts accepted `n_t`. Because acceptance is a prefix, the same round at a smaller

@@ -470,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--bins", type=int, default=6)
     c.add_argument("--signal", choices=["entropy", "accepted"], default="entropy",
                    help="what the per-request state s_t bins: minus the verifier entropy of the last two rounds "
-                        "(DESIGN 2.3), or the drafts they accepted (eval/signal_check.py measures which predicts)")
+                        "(docs/algorithm.md §2.3), or the drafts they accepted (eval/signal_check.py measures which "
+                        "predicts)")
     c.add_argument("--device", default="cpu")
     c.add_argument("--out", default=None, help="default: MODEL/value_table.json")
     c.set_defaults(func=cmd_calibrate)

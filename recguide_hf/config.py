@@ -20,20 +20,20 @@ PAPER_BLOCK_SIZES = (8, 16, 32)  # the paper's candidates (an 8B model on a B200
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    """How RecGuide decodes. See DESIGN.md section 2 for the algorithm each field controls."""
+    """How RecGuide decodes. See docs/algorithm.md §2 for the algorithm each field controls."""
 
     mode: str = "recguide"  # "ar": plain HF generation; "linear": LinearSS; "recguide": overlap + adaptive
     block_size: int | str = 16  # B = seed + B-1 drafts; "auto" = chosen per request and round
     # candidates for "auto"; None = every block size the cost table measured (PAPER_BLOCK_SIZES without one)
     block_sizes: tuple[int, ...] | None = None
     delta: float = 0.5  # a draft position is risky when its top-2 draft margin is below delta
-    max_corrections: int = 2  # correction branches per round; later ones rarely pay (DESIGN 2.4)
+    max_corrections: int = 2  # correction branches per round; later ones rarely pay (docs/algorithm.md §2.4)
     continuation: bool = True  # also draft the block after a fully accepted one
     overlap: str = "fused"  # branches in the verify forward: one fused call, a 2nd CUDA stream, or off
     cost_table: str | None = None  # measured forward costs (`recguide profile`); None = never drop branches
     value_table: str | None = None  # calibrated V_B(s, z) (`recguide calibrate`), used by "auto"
     rho: float | None = None  # cost weight in the "auto" policy; None = from the cost table
-    # where d_1 comes from: "mask" (DESIGN 2.1: the first mask position, like every other draft) or
+    # where d_1 comes from: "mask" (docs/algorithm.md §2.1: the first mask position, like every other draft) or
     # "verifier" (the seed's own next-token logits, computed causally with the base weights inside the draft
     # forward: the verifier's prediction, so a greedy d_1 is always accepted)
     first_draft: str = "mask"

@@ -53,7 +53,7 @@ def make_draft(draft_logits: torch.Tensor, mask_token_id: int, eos_token_ids: li
 
 @dataclass
 class RiskyPositions:
-    """Mismatch prediction for one draft block per row (DESIGN 2.2)."""
+    """Mismatch prediction for one draft block per row (docs/algorithm.md §2.2)."""
 
     positions: torch.Tensor  # [R, M] 1-based draft index p (d_p) of the earliest risky positions, -1 = none
     corrections: torch.Tensor  # [R, M] correction token c_p at each kept position, -1 = none

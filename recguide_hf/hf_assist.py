@@ -8,7 +8,7 @@ runs LinearSS (batch size 1, as HF's loop requires). HF has no public `candidate
     model.generate(input_ids, custom_generate=recguide_hf.hf_assist.assisted_generate, max_new_tokens=64)
 
 `EntropyRecorder` is a `LogitsProcessor` that returns scores unchanged and records per-position verifier
-entropy, the signal the adaptive block-size policy reads (DESIGN 2.3).
+entropy, the signal the adaptive block-size policy reads (docs/algorithm.md §2.3).
 """
 
 from __future__ import annotations

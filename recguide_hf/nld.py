@@ -1,4 +1,4 @@
-"""Adapter for Nemotron-Labs-Diffusion (NLD) style models (DESIGN 4).
+"""Adapter for Nemotron-Labs-Diffusion (NLD) style models (docs/algorithm.md §4).
 
 Layout: `model.encoder` (a Ministral3 decoder) + `model.diffusion_head` (Linear to the vocabulary); logits
 are `diffusion_head(encoder(...).last_hidden_state)`. NLD switches attention modes with a per-layer flag

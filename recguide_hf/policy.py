@@ -2,7 +2,7 @@
 
 Fixed mode: every request uses the configured B (B = 1: plain decoding steps in the engine).
 
-"auto" (DESIGN 2.3), one rule: each round, the plan (a block size for every active request) that maximises
+"auto" (docs/algorithm.md §2.3), one rule: each round, the plan (a block size for every active request) that maximises
 `sum_r V_B_r(s_r, z_r) - C * rho_C * sum_buckets T_n(B)`, expected tokens minus what the round's time would
 have bought at the best fixed block, where
 * the candidates are the block sizes the cost table measured on this hardware (`recguide profile`), by
@@ -10,7 +10,7 @@ have bought at the best fixed block, where
 * `V_B(s, z)` is the calibrated expected progress (tokens per round) given the signal `s_t` and state
   `z_t = (B_{t-1}, fully accepted?)`, shrunk toward the block's mean as far as it failed to predict out of
   fold (calibrate.py); without history it is the mean. The value table says what `s_t` is: minus the mean
-  verifier entropy of the last two rounds (DESIGN 2.3's certainty), or the mean drafts they accepted, each
+  verifier entropy of the last two rounds (docs/algorithm.md §2.3's certainty), or the mean drafts they accepted, each
   capped at B_{t-1} - 1 (recent verification outcomes; 0 after a plain step), which needs no entropy pass;
   `V_1 = 1` exactly: a plain step always yields one token;
 * `T_n(B)` is the measured seconds of a LinearSS round of block B for n rows: its draft and verify
@@ -37,7 +37,7 @@ fallback that keeps decoding from being slower than plain steps: whenever drafts
 forward at this load the round is a plain step, and the round after may speculate again. No threshold on
 concurrency appears anywhere: load enters only through the measured `T`.
 
-Branches (DESIGN 2.2) ride in a verify forward only when the measured costs say they pay: the extra
+Branches (docs/algorithm.md §2.2) ride in a verify forward only when the measured costs say they pay: the extra
 query tokens cost `T_verify(C, B, S) - T_verify(C, B, 0)` for S segments per row, and they save an expected
 `h * T_draft(C, B)` (h = branch hit rate, observed during the call; prior from calibration). At low load
 the extra tokens are nearly free and branches stay; as load grows they are dropped, by the same rule.

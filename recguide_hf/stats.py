@@ -1,4 +1,4 @@
-"""Per-request and total decoding statistics (DESIGN 6), returned as `recguide_stats`.
+"""Per-request and total decoding statistics (docs/algorithm.md §6), returned as `recguide_stats`.
 
 Definitions:
 * forwards: decode forward calls (prefill excluded; a fused verify + branches call counts once). Per
@@ -27,7 +27,7 @@ class Stats:
         self.block_sizes = [Counter() for _ in range(num_rows)]
         self.total_forwards = 0
         self.total_query_tokens = 0
-        # signals for the adaptive policy (DESIGN 2.3): last two entropies, last block, fully accepted?
+        # signals for the adaptive policy (docs/algorithm.md §2.3): last two entropies, last block, fully accepted?
         self.entropy = torch.full((num_rows, 2), float("nan"))
         self.last_accepted = torch.full((num_rows, 2), float("nan"))  # drafts accepted, last two rounds
         self.last_block = torch.zeros(num_rows, dtype=torch.long)

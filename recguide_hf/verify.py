@@ -1,6 +1,6 @@
 """Verification: which drafted tokens the verifier accepts, and the token it adds.
 
-Terms (DESIGN 7): a round verifies the block `[seed, d_1 .. d_K]`; the verifier's distribution at block
+Terms (docs/algorithm.md §7): a round verifies the block `[seed, d_1 .. d_K]`; the verifier's distribution at block
 index i is for the token after `d_i` (index 0: after the seed). Drafts are accepted as a prefix:
 `d_i` survives only if `d_1 .. d_{i-1}` did. With n accepted, the round emits n + 1 tokens: the accepted
 drafts and one verifier token, the *recovered* token (n < K) or the *bonus* token (n = K).

@@ -1,4 +1,4 @@
-"""NLD-style models (DESIGN 4) on a tiny random stand-in: per-token LoRA routing, parity, loading paths."""
+"""NLD-style models (docs/algorithm.md §4) on a tiny random stand-in: per-token LoRA routing, parity, loading paths."""
 
 import json
 

@@ -144,8 +144,8 @@ def test_teacher_batches_pool_several_files(tmp_path):
 
 
 def test_correction_hits_follow_the_reuse_rule():
-    """Known answers for `eval/distill.py`'s offline correction coverage (DESIGN 2.2): the first mismatch must be
-    one of the two earliest risky places and its correction token must be the verifier's."""
+    """Known answers for `eval/distill.py`'s offline correction coverage (docs/algorithm.md §2.2): the first mismatch
+    must be one of the two earliest risky places and its correction token must be the verifier's."""
     from distill import correction_hits
 
     #            place:   0    1    2    3

@@ -102,7 +102,7 @@ def _logits(model, ids, cache, use_cache=True):
 @torch.no_grad()
 def linear_ss_reference(model, prompt: list[int], block: int, max_new_tokens: int, eos: int = EOS,
                         mask_id: int = MASK, prefill_all: bool = True):
-    """NLD's LinearSS (DESIGN 2.1), batch 1, greedy. Returns (new token ids, accepted drafts per round).
+    """NLD's LinearSS (docs/algorithm.md §2.1), batch 1, greedy. Returns (new token ids, accepted drafts per round).
 
     prefill_all=True is NLD's `linear_spec_generate`: the whole prompt is prefilled and the first new token
     comes from that prefill. prefill_all=False starts like the engine: the cache holds the prompt but its

@@ -1,4 +1,4 @@
-"""A tiny random stand-in for Nemotron-Labs-Diffusion (NLD) checkpoints (DESIGN 4), written from what NLD's
+"""A tiny random stand-in for Nemotron-Labs-Diffusion (NLD) checkpoints (docs/algorithm.md §4), written from what NLD's
 published remote code is known to do (issue 30), not from transformers' own Ministral3 classes:
 
 * layout: `model.encoder` (a Ministral3-style decoder) + `model.diffusion_head` (Linear to the vocabulary);
