@@ -35,7 +35,7 @@ SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
 def serving_results(res: Path) -> str:
     """The open-loop runs (`recguide bench --arrivals`, results in open_loop_*/) and the server's load test
     (eval/serve_load.py, serve_load.json), each with its command, as measured."""
-    from recguide_hf.openloop import markdown_open, verdict
+    from recguide_hf.openloop import describe, markdown_open, verdict
 
     parts = []
     for folder in sorted(res.glob("open_loop_*")):
@@ -46,7 +46,7 @@ def serving_results(res: Path) -> str:
         env, trace = run["environment"], run["trace"]
         where = ("a simulation: every forward priced by " + run["settings"]["virtual_costs"] + ", the arrival clock "
                  "simulated too" if run["settings"].get("virtual_costs") else f"wall time on {env['hardware']}")
-        parts += [f"**Open loop, {trace['kind']} arrivals** ({where}; {len(trace['arrivals'])} requests, "
+        parts += [f"**Open loop, {describe(trace)}** ({where}; {len(trace['arrivals'])} requests, "
                   f"{run['settings']['max_new_tokens']} new tokens each, {run['settings']['slots']} rows; "
                   f"`{env['command']}`, commit {env['git_commit']}):", "", markdown_open(run["rows"]), ""]
         line = verdict(run["rows"])

@@ -270,13 +270,20 @@ def markdown_open(rows: list[dict]) -> str:
         mix = ", ".join(f"{b}:{v:.0%}" for b, v in r["block_mix"].items()) or "-"
         lines.append(
             f"| {r['method']} | {r['finished']}/{r['requests']} | {r['output_tps']:.0f} | "
-            f"{f(r['decode_speed_mean'])} | {f(r['ttft_p50'], 1e3)} / {f(r['ttft_p99'], 1e3)} | "
+            f"{f(r['decode_speed_mean'], 1.0, '{:.1f}')} | {f(r['ttft_p50'], 1e3)} / {f(r['ttft_p99'], 1e3)} | "
             f"{f(r['tpot_p50'], 1e3, '{:.1f}')} / {f(r['tpot_p99'], 1e3, '{:.1f}')} | "
             f"{f(r['itl_chunk_p50'], 1e3, '{:.1f}')} / {f(r['itl_chunk_p99'], 1e3, '{:.1f}')} | "
             f"{f(r['itl_token_p50'], 1e3, '{:.1f}')} / {f(r['itl_token_p99'], 1e3, '{:.1f}')} | "
             f"{r['max_in_flight'] if r['max_in_flight'] is not None else '-'} | {mix} | "
             f"{'yes' if r.get('equal_to_ar') else 'NO'} |")
     return "\n".join(lines)
+
+
+def describe(trace: dict) -> str:
+    if trace["kind"] == "bursty":
+        return (f"bursty arrivals: {trace['low']:g} -> {trace['high']:g} -> {trace['low']:g} requests/s over "
+                f"{trace['seconds']:g} s, seed {trace['seed']}")
+    return f"Poisson arrivals: {trace['rate']:g} requests/s, {trace['n']} requests, seed {trace['seed']}"
 
 
 def verdict(rows: list[dict], ours: str = "recguide") -> str | None:
