@@ -44,12 +44,7 @@ class Metrics:
         self.ttft, self.itl, self.tpot, self.e2e = Histogram(), Histogram(), Histogram(), Histogram()
         self.round_seconds = Histogram()
         self.finished = self.cancelled = self.rejected = self.tokens = 0
-        self.running = self.waiting = 0
         self.blocks: Counter = Counter()  # rounds per block size, over finished requests
-
-    def observe_round(self, seconds: float, running: int, waiting: int):
-        self.round_seconds.observe(seconds)
-        self.running, self.waiting = running, waiting
 
     def render(self, running: int, waiting: int, open_streams: int) -> str:
         p = "recguide_"

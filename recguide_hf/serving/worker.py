@@ -19,9 +19,8 @@ import itertools
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
@@ -209,7 +208,7 @@ class EngineWorker:
         start = self.clock()
         events = engine.step()
         now = self.clock()
-        self.metrics.observe_round(now - start, engine.num_running, self.counts()[1])
+        self.metrics.round_seconds.observe(now - start)
         for e in events:
             with self._lock:
                 req = self._requests.get(e.request_id)
@@ -262,22 +261,3 @@ class EngineWorker:
                 if e is engine and not key.greedy:
                     del self._engines[key]
 
-
-@dataclass
-class Collected:
-    """A whole request's output, for callers that do not stream (`collect`)."""
-
-    new_ids: list[int] = field(default_factory=list)
-    stats: dict | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __call__(self, e: Emission):
-        self.new_ids.extend(e.new_ids)
-        if e.finished:
-            self.stats = e.stats
-            self.done.set()
-
-
-def block_mix(counter: Counter) -> dict[int, float]:
-    total = sum(counter.values())
-    return {int(b): n / total for b, n in sorted(counter.items())} if total else {}
