@@ -6,8 +6,8 @@
 
 For each concurrency C (a static batch of C held-out prompts; `--batches K`: K such batches of other prompts, one
 after the other, their times and tokens summed) and block size B (B = 1: plain decoding steps
-inside the engine), LinearSS decodes `--tokens` new tokens per request while every engine phase is timed
-with wall clocks around the engine's own methods; the time inside `Backbone.forward` is booked apart. HF's
+inside the engine), LinearSS decodes `--tokens` new tokens per request while the engine's timing seam
+(`Engine(phases=PhaseClock())`, recguide_hf/phases.py) times every phase; the forwards are booked apart. HF's
 plain greedy `generate` on the same batch gives the reference cost of one decoding step. Run it on an idle
 machine: it times wall clock. (CPU: every op is synchronous, so the clocks measure the work; on CUDA they
 would measure launches, so this script refuses a CUDA model.)
@@ -28,101 +28,34 @@ from pathlib import Path
 
 import torch
 
-from recguide_hf import branches  # noqa: E402
-from recguide_hf.bench import ar_compile_kwargs, save_run  # noqa: E402
-from recguide_hf.cli import load  # noqa: E402
-from recguide_hf.config import DecodingConfig  # noqa: E402
-from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
-from recguide_hf.models import as_backbone  # noqa: E402
-from recguide_hf.prompts import load_mixed  # noqa: E402
-from recguide_hf.stats import Stats  # noqa: E402
+from recguide_hf.bench import ar_compile_kwargs, save_run
+from recguide_hf.cli import load
+from recguide_hf.config import DecodingConfig
+from recguide_hf.engine import Engine, SamplingSettings
+from recguide_hf.models import as_backbone
+from recguide_hf.phases import PhaseClock
+from recguide_hf.prompts import load_mixed
 
-PHASES = ("plan", "draft", "branch_plan", "verify", "process", "accept", "commit", "reuse", "record", "plain")
-
-
-class Clock:
-    """Accumulates wall seconds per label. A timed call inside another (a `forward`, or the processor and the
-    statistics inside a plain round) is booked apart from the phase that called it; a forward the prefill
-    called is booked as `prefill_forward`."""
-
-    def __init__(self):
-        self.seconds = defaultdict(float)
-        self.stack: list[str] = []
-
-    def wrap(self, label: str, fn):
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            self.stack.append(label)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.stack.pop()
-                dt = time.perf_counter() - t0
-                parent = self.stack[-1] if self.stack else None
-                self.seconds["prefill_forward" if parent == "prefill" else label] += dt
-                if parent is not None:
-                    self.seconds[parent] -= dt
-        return timed
-
-
-class _TimedProcessor:
-    """The engine calls `self.processor(...)`; a wrapper object is the way to time a `__call__`."""
-
-    def __init__(self, inner, clock: Clock):
-        self.inner, self.call = inner, clock.wrap("process", inner.__call__)
-
-    def __call__(self, *args, **kwargs):
-        return self.call(*args, **kwargs)
-
-
-class _TimedForward:
-    """The engine's compiled forward with its calls timed (the wrapper must sit outside the compiled region)."""
-
-    def __init__(self, inner, clock: Clock):
-        self.inner, self.call = inner, clock.wrap("forward", inner.__call__)
-
-    def __call__(self, *args, **kwargs):
-        return self.call(*args, **kwargs)
-
-    def adapt(self, cache):
-        return self.inner.adapt(cache)
-
-    @property
-    def warmup_s(self) -> float:
-        return self.inner.warmup_s
+PHASES = ("plan", "draft", "branch_plan", "verify", "process", "accept", "commit", "reuse", "record", "observe",
+          "plain")
 
 
 def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str = "linear",
                compile: bool = False) -> dict:
-    """LinearSS with block `block` (1: plain steps) on a static batch, every phase timed; `mode="recguide"`: the
-    same with RecGuide's branches carried in every round (no cost table, so no rule drops them); `compile`:
-    `recguide_compile=true` (its seconds spent compiling come back as `compile_s`)."""
-    clock = Clock()
+    """LinearSS with block `block` (1: plain steps) on a static batch, every phase timed through the engine's
+    timing seam (recguide_hf/phases.py); `mode="recguide"`: the same with RecGuide's branches carried in every
+    round (no cost table, so no rule drops them); `compile`: `recguide_compile=true` (its seconds spent compiling
+    come back as `compile_s`)."""
+    clock = PhaseClock()
     # no cost table: no rule drops recguide's branches
     config = DecodingConfig(mode=mode, block_size=block, compile=compile)
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=eos, pad_token_id=model.config.pad_token_id)
-    engine = Engine(as_backbone(model), config, settings)
-    if compile:
-        engine._compiled = _TimedForward(engine._compiled, clock)
-    else:
-        engine.backbone.forward = clock.wrap("forward", engine.backbone.forward)
-    engine.policy.buckets = clock.wrap("plan", engine.policy.buckets)
-    for phase, name in (("prefill", "_prefill"), ("draft", "_draft"), ("branch_plan", "_plan"),
-                        ("verify", "_verify"), ("accept", "_accept"), ("commit", "_commit"),
-                        ("plain", "_plain_round")):
-        setattr(engine, name, clock.wrap(phase, getattr(engine, name)))
-    engine.processor = _TimedProcessor(engine.processor, clock)
-    reuse, record = branches.reuse, Stats.record_round
-    branches.reuse, Stats.record_round = clock.wrap("reuse", reuse), clock.wrap("record", record)
-    try:
-        t0 = time.perf_counter()
-        seqs, stats = engine.generate(enc["input_ids"], enc["attention_mask"])
-        wall = time.perf_counter() - t0
-    finally:
-        branches.reuse, Stats.record_round = reuse, record
-    sec = dict(clock.seconds)
-    prefill = sec.pop("prefill", 0.0) + sec.pop("prefill_forward", 0.0)
-    return {"wall": wall - prefill, "rounds": int(stats.rounds.max()), "seconds": sec,
+    engine = Engine(as_backbone(model), config, settings, phases=clock)
+    t0 = time.perf_counter()
+    seqs, stats = engine.generate(enc["input_ids"], enc["attention_mask"])
+    wall = time.perf_counter() - t0
+    prefill = clock.total("admit")  # the prefill with its forwards
+    return {"wall": wall - prefill, "rounds": int(stats.rounds.max()), "seconds": clock.by_phase(outside=("admit",)),
             "new_tokens": int(stats.new_tokens.sum()), "sequences": seqs, "compile_s": engine.compile_warmup_s or 0.0}
 
 

@@ -19,10 +19,8 @@ runs (every HF forward, and the engine's forwards over all rows of one run) is e
 Compiled forwards (`recguide_compile`) read the runs too, through one opaque custom op (`recguide::row_runs_sdpa`)
 that reads them when it runs: the graph does not depend on them, so a new layout of rows is new data, not a new
 graph, and a compiled forward no longer reads every row's keys up to the longest row's (or gathers a copy of a
-subset's rows). Closed-loop plain steps at C = 64 (`eval/runs_op_check.py`, 2-core CPU, 3 interleaved passes):
-the round forwards took 3.6-3.7 s with the op against 4.1 s reading every row to the longest, 1.19 against
-1.13-1.15 k tok/s. CUDA graphs cannot re-read runs at replay, so a compiled forward on CUDA keeps one SDPA call
-(`CompiledForward.adapt`).
+subset's rows (CHANGELOG has the measurement). CUDA graphs cannot re-read runs at replay, so a compiled forward
+on CUDA keeps one SDPA call (`CompiledForward.adapt`).
 """
 
 from __future__ import annotations

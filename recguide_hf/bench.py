@@ -337,10 +337,11 @@ def _number(value: str):
 
 
 def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, method: str | DecodingConfig,
-               virtual: VirtualCosts | None = None, virtual_table: str | None = None) -> dict:
+               virtual: VirtualCosts | None = None, virtual_table: str | None = None, phases=None) -> dict:
     """One closed-loop run of C slots; `method` is a bench method name or a `DecodingConfig`. The result keeps the
     engine (its policy's observations, e.g. branch segments per row). With `virtual`, the engine's clock is the
-    cost model's and recguide plans with `virtual_table` (`VirtualCosts.cost_table`, written to a file)."""
+    cost model's and recguide plans with `virtual_table` (`VirtualCosts.cost_table`, written to a file).
+    `phases`: the engine's timing seam (phases.py; a profiler's `PhaseClock`)."""
     gen_config = model.generation_config
     config = method if isinstance(method, DecodingConfig) else _engine_config(method, gen_config)
     if virtual is not None and config.mode == "recguide":
@@ -349,7 +350,7 @@ def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, metho
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
                                 pad_token_id=tokenizer.pad_token_id)
     engine = Engine(as_backbone(model), config, settings, base_dir=getattr(model.config, "_name_or_path", None),
-                    clock=virtual.perf_counter if virtual is not None else time.perf_counter)
+                    clock=virtual.perf_counter if virtual is not None else time.perf_counter, phases=phases)
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if virtual is not None:
         virtual.now = 0.0

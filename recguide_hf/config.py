@@ -45,6 +45,9 @@ class DecodingConfig:
     # fades as its rounds are measured; 0: none), and the table's weight in rounds of pseudo-evidence
     online_optimism: float = 0.03
     online_prior: float = 8.0
+    # "auto" only: correct the value table by the drafts this call's rounds accept (the table was fitted on the
+    # calibration prompts; served prompts accept more or less). False: the table alone
+    online_values: bool = True
     # the backbone's forward through torch.compile (compiled.py; CUDA graphs on CUDA). Eager is the reference
     # and the default until a bench shows compiling pays; the compile time is reported (`compile_warmup_s`)
     compile: bool = False
@@ -69,6 +72,7 @@ class DecodingConfig:
                self.max_corrections, "0, 1 or 2")
         _check(isinstance(self.continuation, bool), "recguide_continuation", self.continuation, "true or false")
         _check(isinstance(self.online_costs, bool), "recguide_online_costs", self.online_costs, "true or false")
+        _check(isinstance(self.online_values, bool), "recguide_online_values", self.online_values, "true or false")
         _check(isinstance(self.compile, bool), "recguide_compile", self.compile, "true or false")
         _check(_is_number(self.online_optimism) and 0 <= self.online_optimism <= 1, "recguide_online_optimism",
                self.online_optimism, "a number from 0 to 1")
@@ -108,7 +112,7 @@ def _coerce(key: str, value):
         return value
     if key == "recguide_block_size" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         return int(value)
-    switches = ("recguide_continuation", "recguide_online_costs", "recguide_compile")
+    switches = ("recguide_continuation", "recguide_online_costs", "recguide_online_values", "recguide_compile")
     if key in switches and isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
     numbers = ("recguide_delta", "recguide_rho", "recguide_online_optimism", "recguide_online_prior")

@@ -36,7 +36,8 @@ from .compiled import CompiledForward
 from .config import DecodingConfig
 from .draft import DraftBlock, make_draft, risky_positions
 from .masks import block_intra, build_mask, causal_intra, positions
-from .policy import BlockPolicy
+from .phases import Phases
+from .policy import BlockPolicy, RoundOutcome
 from .processors import ScoreProcessor
 from .stats import Stats
 from .stopping import StopChecker
@@ -76,13 +77,16 @@ class Engine:
         policy: the block-size scheduler (policy.py); default: from the config's tables, with `prices` (the
             online correction of the cost table, kept by the caller across calls; default: a fresh one).
         clock: seconds, for round timing and latencies (a simulation passes its own; default: the wall clock).
+        phases: the timing seam (phases.py): every phase of the engine's work runs inside `phases(name)`;
+            default: no timing. A profiler passes a `PhaseClock`.
     """
 
     def __init__(self, backbone: Backbone, config: DecodingConfig, settings: SamplingSettings,
                  processor: ScoreProcessor | None = None, stopper: StopChecker | None = None,
                  policy: BlockPolicy | None = None, base_dir=None, prices=None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, phases: Phases | None = None):
         self.backbone, self.config, self.settings, self.clock = backbone, config, settings, clock
+        self.phases = phases or Phases()
         self.processor = processor or ScoreProcessor([], backbone.mask_token_id)
         self.stopper = stopper or StopChecker([], settings.pad_token_id)
         self.policy = policy or BlockPolicy.from_config(config, base_dir, prices)
@@ -261,21 +265,26 @@ class Engine:
         if active.numel() == 0:
             return False
         timed = self.policy.online
-        for block, rows in self.policy.buckets(active, self.stats, self.pending.has):
+        with self.phases("plan"):
+            buckets = list(self.policy.buckets(active, self.pending.has))
+        for block, rows in buckets:
             if self.stopper.ended:  # the user's criteria ended the whole batch in an earlier bucket
                 break
             self.last_round[block] = self.last_round.get(block, 0) + rows.numel()
             start = self.clock() if timed else 0.0
             compiling = self.compile_warmup_s
             if block == 1:
-                self._plain_round(rows)
+                with self.phases("plain"):
+                    outcome = self._plain_round(rows)
             else:
-                self._round(rows, block)
+                outcome = self._round(rows, block)
             # the policy corrects its cost table by what rounds really take here (not by a round that compiled)
             if timed and self.compile_warmup_s == compiling:
                 if self.backbone.device.type == "cuda":
                     torch.cuda.synchronize(self.backbone.device)
-                self.policy.observe_round(rows.numel(), block, self.clock() - start)
+                outcome.seconds = self.clock() - start
+            with self.phases("observe"):
+                self.policy.observe(outcome)
         return True
 
     # ------------------------------------------------------------------ setup
@@ -303,6 +312,7 @@ class Engine:
         self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
         self.pending = br.PendingBlocks(num_rows, self.policy.max_block, device)
         self.stats = Stats(num_rows)
+        self.policy.start(num_rows)
         self.stopper.start(self.seq, prompt_width)
 
     def _admit(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor,
@@ -318,9 +328,11 @@ class Engine:
         self.limit[rows] = self.settings.max_new_tokens if limits is None else limits
         self.finished[rows] = self.limit[rows] <= 0
         self.pending.has[rows] = False
-        self.stats.reset_rows(rows)
-        self.cache.reset_rows(rows)
-        self._prefill(rows, input_ids, pads)
+        with self.phases("admit"):
+            self.stats.reset_rows(rows)
+            self.policy.reset_rows(rows)
+            self.cache.reset_rows(rows)
+            self._prefill(rows, input_ids, pads)
 
     def _prefill(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor):
         """Write all prompt tokens but the last (the first seed) into the cache, from slot 0 and without the
@@ -345,37 +357,49 @@ class Engine:
         self.cache.commit(rows, lengths)
 
     # ------------------------------------------------------------------ one round for one bucket
-    def _round(self, rows: torch.Tensor, block: int):
+    def _round(self, rows: torch.Tensor, block: int) -> RoundOutcome:
         remaining = self.limit[rows] - self.count[rows]
         eff = remaining.clamp(max=block)  # [R] tokens this round may emit = verifier segment length
         seeds = self.seq[rows, self.prompt_width + self.count[rows] - 1]
         branches_on = (block > 1 and self.config.branches_enabled and self.policy.branches_on(rows.numel(), block))
+        phase = self.phases
         # 1. draft (rows whose block a branch already drafted skip the draft forward)
-        draft = self._draft(rows, seeds, eff, block, with_risk=branches_on)
+        with phase("draft"):
+            draft = self._draft(rows, seeds, eff, block, with_risk=branches_on)
         # 2. verify, with this round's branches riding in the same forward
-        plan = self._plan(draft, eff, block) if branches_on else None
-        target_logits, branch_logits = self._verify(rows, seeds, draft.ids, eff, plan)
+        with phase("branch_plan"):
+            plan = self._plan(draft, eff, block) if branches_on else None
+        with phase("verify"):
+            target_logits, branch_logits = self._verify(rows, seeds, draft.ids, eff, plan)
         # 3. accept
-        block_ids = torch.cat([seeds[:, None], draft.ids], dim=1)
-        scores = self.processor(self.seq, self.prompt_width, self.count[rows], rows, block_ids, target_logits, eff)
-        verdict = self._accept(draft, scores, eff - 1)
+        with phase("process"):
+            block_ids = torch.cat([seeds[:, None], draft.ids], dim=1)
+            scores = self.processor(self.seq, self.prompt_width, self.count[rows], rows, block_ids, target_logits,
+                                    eff)
+        with phase("accept"):
+            verdict = self._accept(draft, scores, eff - 1)
         # 4. commit + emit, 5. stop
-        emitted = self._commit(rows, draft.ids, verdict)
+        with phase("commit"):
+            emitted = self._commit(rows, draft.ids, verdict)
         # 6. reuse a branch whose hypothesis came true
-        temperature = self.settings.draft_temperature if self.settings.do_sample else None
-        hits = br.reuse(plan, verdict, eff - 1, branch_logits, self.mask_id, self.settings.eos_token_ids, temperature)
-        hits = hits.drop(self.finished[rows])  # a finished request has no next round to reuse it in
-        self.pending.store(rows, hits)
-        if plan is not None:
-            self.policy.observe(rows.numel(), int((hits.kind >= 0).sum()), int((plan.kind >= 0).sum()))
-        # the certainty signal is read only by the auto policy (and calibration's round log)
-        entropy = verifier_entropy(scores, verdict.num_accepted, eff) if self.wants_entropy else None
-        # calibration also logs what a plain step would have read here: the entropy at the seed's place alone
-        first = verifier_entropy(scores, torch.zeros_like(eff), eff) if self.stats.round_log is not None else None
-        self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
-                                entropy, first)
+        with phase("reuse"):
+            temperature = self.settings.draft_temperature if self.settings.do_sample else None
+            hits = br.reuse(plan, verdict, eff - 1, branch_logits, self.mask_id, self.settings.eos_token_ids,
+                            temperature)
+            hits = hits.drop(self.finished[rows])  # a finished request has no next round to reuse it in
+            self.pending.store(rows, hits)
+        with phase("record"):
+            # the certainty signal is read only by the auto policy (and calibration's round log)
+            entropy = verifier_entropy(scores, verdict.num_accepted, eff) if self.wants_entropy else None
+            # calibration also logs what a plain step would have read here: the entropy at the seed's place alone
+            first = verifier_entropy(scores, torch.zeros_like(eff), eff) if self.stats.round_log is not None else None
+            self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
+                                    entropy, first)
+        return RoundOutcome(rows, block, verdict.num_accepted, eff - 1, entropy,
+                            branch_hits=None if plan is None else int((hits.kind >= 0).sum()),
+                            branch_segments=0 if plan is None else int((plan.kind >= 0).sum()))
 
-    def _plain_round(self, rows: torch.Tensor):
+    def _plain_round(self, rows: torch.Tensor) -> RoundOutcome:
         """B = 1, the fallback: one plain decoding step per row. The same steps as `_round` at B = 1 (where
         the draft is empty, nothing is accepted and no branch rides), without the block bookkeeping."""
         r = rows.numel()
@@ -402,6 +426,7 @@ class Engine:
         entropy = verifier_entropy(scores, none, one) if self.wants_entropy else None
         self.stats.record_round(rows, 1, self.count[rows] - count, none, none, torch.full_like(count, -1), False,
                                 entropy)
+        return RoundOutcome(rows, 1, none, none, entropy)
 
     def _draft(self, rows: torch.Tensor, seeds: torch.Tensor, eff: torch.Tensor, block: int,
                with_risk: bool) -> DraftBlock:
@@ -544,7 +569,8 @@ class Engine:
         binding, mask, pos = prepared
         self.cache.use(binding)
         forward = self._compiled or self.backbone.forward
-        return forward(ids, pos, mask, self.cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
+        with self.phases("forward"):
+            return forward(ids, pos, mask, self.cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
 
 
 _WARNED: set[str] = set()

@@ -31,6 +31,19 @@ have bought at the best fixed block, where
   few percent of the table's, and larger optimism (0.1, prior 16) made near-tied sizes alternate and cost
   up to 10% at C = 16. `generate` keeps these prices on the model from call to call (short calls then
   learn from the earlier ones); each `recguide bench` run starts afresh.
+* online values (`recguide_online_values`, on by default): the value table was fitted on the calibration
+  prompts, and unseen prompts accept more or fewer drafts (on held-out HumanEval the bundled table predicted
+  4.69 tokens a round at B = 8 where rounds made 4.01). Every round of B > 1 compares the drafts its rows
+  accepted with the drafts the table predicted for them (`V_B - 1`, rows whose block their limit did not cut);
+  `a_B` = accepted / predicted over the call's rounds of B, shrunk toward the same ratio over all block sizes
+  (so a size not run yet moves with the others), which is shrunk toward 1 by `VALUE_PRIOR` predicted drafts.
+  The plan then reads `V'_B = 1 + a_B (V_B - 1)` (within [1, B]), and rho the corrected means. Old rounds
+  fade with every row-round that follows (`VALUE_HORIZON`), plain steps included, so a server follows its
+  prompts and a policy that fell back to B = 1 drifts back toward the table and drafts again; `generate`
+  keeps the correction with the prices.
+The policy learns only through `observe(RoundOutcome)`, one call per bucket round: the slots' signals
+(`Signals`: the state and signal `V_B` reads), the measured price, the acceptance, the branch hit rate.
+
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
 `argmax_B V_B - rho_C T_C(B)`. With no history this is the best fixed block for the load. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
@@ -48,6 +61,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -56,6 +70,51 @@ from .config import PAPER_BLOCK_SIZES, DecodingConfig
 from .costs import CostTable, compiled_table
 
 ONLINE_RATE = 0.05  # weight of the newest round in the running means of log(measured / table seconds)
+VALUE_PRIOR = 16.0  # the value table's weight, in drafts it predicted accepted, against what the call observes
+VALUE_HORIZON = 4096.0  # observations fade by exp(-row-rounds since / this), plain steps too: prompts drift
+
+
+@dataclass
+class RoundOutcome:
+    """What one bucket's round did: everything the policy learns from (`BlockPolicy.observe`)."""
+
+    rows: torch.Tensor  # [R] the bucket's request slots
+    block: int
+    accepted: torch.Tensor  # [R] drafts accepted (0 in a plain step)
+    drafts: torch.Tensor  # [R] drafts verified: block - 1, fewer where a request's limit cut the block
+    entropy: torch.Tensor | None = None  # [R] mean verifier entropy (only where the policy reads it)
+    seconds: float | None = None  # the bucket's measured round time (None: not timed)
+    branch_hits: int | None = None  # branches reused for the next round; None: no branch rode in this round
+    branch_segments: int = 0
+
+
+class Signals:
+    """Per request slot, what its recent rounds say: the state `z_t` and the signal `s_t` that `V_B(s, z)` reads."""
+
+    def __init__(self, num_rows: int):
+        self.entropy = torch.full((num_rows, 2), float("nan"))  # mean verifier entropy, last two rounds
+        self.last_accepted = torch.full((num_rows, 2), float("nan"))  # drafts accepted, last two rounds
+        self.last_block = torch.zeros(num_rows, dtype=torch.long)  # 0: no round yet
+        self.last_full = torch.zeros(num_rows, dtype=torch.bool)
+        self.expected = torch.full((num_rows,), float("nan"))  # drafts the value table predicted accepted
+
+    def reset_rows(self, rows: torch.Tensor):
+        rows = rows.cpu()
+        for t in (self.entropy, self.last_accepted, self.expected):
+            t[rows] = float("nan")
+        self.last_block[rows] = 0
+        self.last_full[rows] = False
+
+    def record(self, out: RoundOutcome):
+        rows, accepted = out.rows.cpu(), out.accepted.cpu()
+        self.last_accepted[rows, 1] = self.last_accepted[rows, 0]
+        # a plain step drafted nothing: it tells nothing about acceptance (NaN), rather than "none accepted"
+        self.last_accepted[rows, 0] = float("nan") if out.block == 1 else accepted.float()
+        if out.entropy is not None:
+            self.entropy[rows, 1] = self.entropy[rows, 0]
+            self.entropy[rows, 0] = out.entropy.float().cpu()
+        self.last_block[rows] = out.block
+        self.last_full[rows] = accepted >= out.drafts.cpu()
 
 
 class OnlinePrices:
@@ -66,6 +125,7 @@ class OnlinePrices:
         self.common, self.rounds = 0.0, 0  # g: running mean of log(measured / table seconds), every round
         self.above: dict[int, float] = {}  # d_B: running mean of B's log ratio above g
         self.seen: dict[int, int] = {}  # n_B: rounds of B measured
+        self.values = OnlineValues()  # the value table's correction, kept alongside for the same owner
 
     def factor(self, block: int, optimism: float, prior: float) -> float:
         """exp(g + w d_B - (1 - w) u), w = n_B / (n_B + prior), u = optimism (module docstring)."""
@@ -79,6 +139,33 @@ class OnlinePrices:
         n = self.seen[block] = self.seen.get(block, 0) + 1
         old = self.above.get(block, 0.0)
         self.above[block] = old + max(ONLINE_RATE, 1.0 / n) * (above - old)
+
+
+class OnlineValues:
+    """Drafts accepted against drafts the value table predicted, per block size (module docstring, "online
+    values"): the table was fitted on the calibration prompts, and served prompts accept more or less."""
+
+    def __init__(self):
+        self.made: dict[int, float] = {}  # faded sums of drafts accepted, per B
+        self.expected: dict[int, float] = {}  # faded sums of drafts predicted accepted, per B
+
+    def fade(self, row_rounds: int):
+        """Older rounds weigh less as rounds of any block size go by (plain steps included, so a policy that
+        settled on B = 1 on hard prompts drifts back toward the table and tries drafting again)."""
+        f = math.exp(-row_rounds / VALUE_HORIZON)
+        for sums in (self.made, self.expected):
+            for b in sums:
+                sums[b] *= f
+
+    def observe(self, block: int, expected: float, made: float):
+        self.made[block] = self.made.get(block, 0.0) + made
+        self.expected[block] = self.expected.get(block, 0.0) + expected
+
+    def scale(self, block: int) -> float:
+        """a_B: observed / predicted drafts accepted at B, shrunk toward the common ratio over all B, which is
+        itself shrunk toward 1 (the table) by VALUE_PRIOR drafts of pseudo-evidence."""
+        common = (sum(self.made.values()) + VALUE_PRIOR) / (sum(self.expected.values()) + VALUE_PRIOR)
+        return (self.made.get(block, 0.0) + VALUE_PRIOR * common) / (self.expected.get(block, 0.0) + VALUE_PRIOR)
 
 
 class BlockPolicy:
@@ -111,6 +198,9 @@ class BlockPolicy:
         # the verifier-entropy pass per round is paid only where a value table bins it and trusts the bins
         self.reads_entropy = self.auto and values is not None and values.signal == "entropy" and values.reads_signal
         self.prices = prices if prices is not None else OnlinePrices()
+        # the value table corrected by the acceptance observed (module docstring, "online values")
+        self.learns_values = self.auto and config.online_values and costs is not None and values is not None
+        self.signals = Signals(0)
 
     @classmethod
     def from_config(cls, config: DecodingConfig, base_dir=None, prices: OnlinePrices | None = None) -> BlockPolicy:
@@ -131,17 +221,47 @@ class BlockPolicy:
         values = ValueTable.load(resolve(config.value_table)) if config.value_table else None
         return cls(config, costs, values, prices)
 
+    # ------------------------------------------------------------------ what rounds did
+    def start(self, num_rows: int):
+        """A call (or a server's slot table) of `num_rows` request slots begins: no history in any slot."""
+        self.signals = Signals(num_rows)
+
+    def reset_rows(self, rows: torch.Tensor):
+        """Slots that start a new request forget the old one's rounds."""
+        self.signals.reset_rows(rows)
+
+    def observe(self, out: RoundOutcome):
+        """Learn from one bucket's round: the slots' signals, the measured price of the round, the acceptance
+        against what the value table predicted, and the branch hit rate."""
+        self.signals.record(out)
+        if self.online and out.seconds is not None and out.seconds > 0:
+            self.prices.observe(out.block, math.log(out.seconds / self.costs.round_cost(out.rows.numel(), out.block)))
+        if self.learns_values:
+            self.prices.values.fade(out.rows.numel())
+        if self.learns_values and out.block > 1:
+            rows, drafts = out.rows.cpu(), out.drafts.cpu()
+            expected = self.signals.expected[rows]
+            whole = (drafts == out.block - 1) & ~expected.isnan()  # a block its request's limit cut says less
+            if bool(whole.any()):
+                self.prices.values.observe(out.block, float(expected[whole].sum()),
+                                           float(out.accepted.cpu()[whole].sum()))
+        if out.branch_hits is not None:
+            self.hits += out.branch_hits
+            self.branch_rounds += out.rows.numel()
+            self.segments_seen += out.branch_segments
+            self.segment_rows += out.rows.numel()
+
     # ------------------------------------------------------------------ block sizes
-    def _load(self, c: int, factors: torch.Tensor) -> tuple[float, torch.Tensor]:
+    def _load(self, c: int, factors: torch.Tensor, means: torch.Tensor) -> tuple[float, torch.Tensor]:
         """(rho_C, round seconds T_C(B) per candidate [K]) at c rows: the table's, once per c, times the
-        online correction `factors` [K]."""
+        online correction `factors` [K]; `means` [K] the (corrected) mean value per candidate."""
         if c not in self._at_load:
             self._at_load[c] = torch.tensor([self.costs.round_cost(c, b) for b in self.candidates],
                                             dtype=torch.float64)
         seconds = self._at_load[c] * factors
         rho = self.config.rho
         if rho is None:
-            rho = max(self.values.mean[b] / t for b, t in zip(self.candidates, seconds.tolist()))
+            rho = float((means / seconds).max())
         return rho, seconds
 
     def _factors(self) -> torch.Tensor:
@@ -154,12 +274,20 @@ class BlockPolicy:
             return 1.0
         return self.prices.factor(block, self.config.online_optimism, self.config.online_prior)
 
-    def observe_round(self, num_rows: int, block: int, seconds: float):
-        """The engine's measured seconds for one bucket's round (`num_rows` rows at `block`)."""
-        if self.online and seconds > 0:
-            self.prices.observe(block, math.log(seconds / self.costs.round_cost(num_rows, block)))
+    def value_scale(self, block: int) -> float:
+        """a_B: how much more (> 1) or less than the value table predicted rounds of `block` have accepted."""
+        if not self.learns_values or block == 1:
+            return 1.0
+        return self.prices.values.scale(block)
 
-    def plan(self, rows: torch.Tensor, stats, pending_has: torch.Tensor) -> torch.Tensor:
+    def _corrected(self, value: torch.Tensor) -> torch.Tensor:
+        """V'_B = 1 + a_B (V_B - 1), within [1, B]: the table's expected drafts accepted, times a_B."""
+        if not self.learns_values:
+            return value
+        scale = torch.tensor([self.value_scale(b) for b in self.candidates], dtype=value.dtype)
+        return (1 + scale * (value - 1)).clamp(min=1.0).minimum(self._sizes.to(value.dtype))
+
+    def plan(self, rows: torch.Tensor, pending_has: torch.Tensor) -> torch.Tensor:
         """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring)."""
         if not self.auto:
             return torch.full_like(rows, self.candidates[0])
@@ -167,16 +295,20 @@ class BlockPolicy:
             return torch.full_like(rows, self.max_block)
         c = rows.numel()
         rc = rows.cpu()
-        prev, full = stats.last_block[rc], stats.last_full[rc]
+        sig = self.signals
+        prev, full = sig.last_block[rc], sig.last_full[rc]
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
-            n1, n2 = stats.last_accepted[rc].unbind(1)  # [R]; NaN: no such round yet, or a plain step
+            n1, n2 = sig.last_accepted[rc].unbind(1)  # [R]; NaN: no such round yet, or a plain step
             s = accepted_signal(n1, n2, prev)  # as calibrated; no history: NaN, each block's mean
         else:  # minus the mean verifier entropy of the last two rounds
-            e1, e2 = stats.entropy[rc].unbind(1)
+            e1, e2 = sig.entropy[rc].unbind(1)
             s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
-        value = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
+        table = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
+        value = self._corrected(table)
         factors = self._factors()  # once per round: the load's prices and every bucket's read them
-        rho, seconds = self._load(c, factors)
+        means = self._corrected(torch.tensor([[self.values.mean.get(b, 1.0) if b > 1 else 1.0
+                                               for b in self.candidates]], dtype=torch.float64))[0]
+        rho, seconds = self._load(c, factors, means)
         own = (value - rho * seconds).argmax(1)  # each request's own best block
         pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
         if not bool(pinned.any()):
@@ -197,11 +329,12 @@ class BlockPolicy:
             gain = float(value.gather(1, plan[:, None]).sum()) - c * rho * bucket_seconds
             if gain > best_gain:
                 best, best_gain = plan, gain
+        sig.expected[rc] = (table.gather(1, best[:, None]).squeeze(1) - 1).float()  # what the table alone said
         return self._sizes[best].to(rows.device)
 
-    def buckets(self, rows: torch.Tensor, stats, pending_has: torch.Tensor):
+    def buckets(self, rows: torch.Tensor, pending_has: torch.Tensor):
         """Yield (block size, rows) groups: one draft and one verify forward per group."""
-        planned = self.plan(rows, stats, pending_has)
+        planned = self.plan(rows, pending_has)
         for block in planned.unique().tolist():
             yield int(block), rows[planned == block]
 
@@ -214,13 +347,6 @@ class BlockPolicy:
         segments = self.segments_seen / self.segment_rows
         extra = self.costs.verify(num_rows, block, segments) - self.costs.verify(num_rows, block, 0)
         return h * self.costs.draft(num_rows, block) > extra
-
-    def observe(self, num_rows: int, num_hits: int, num_segments: int):
-        """Update the running hit rate and segments per row after a round that carried branches."""
-        self.hits += num_hits
-        self.branch_rounds += num_rows
-        self.segments_seen += num_segments
-        self.segment_rows += num_rows
 
 
 def _check_covered(what: str, wanted: list[int], have: list[int]):

@@ -1,4 +1,5 @@
-"""Per-request and total decoding statistics (docs/algorithm.md §6), returned as `recguide_stats`.
+"""Per-request and total decoding statistics (docs/algorithm.md §6), returned as `recguide_stats`: telemetry
+only; nothing reads them back to decide (the policy keeps its own signals, policy.Signals).
 
 Definitions:
 * forwards: decode forward calls (prefill excluded; a fused verify + branches call counts once). Per
@@ -27,21 +28,14 @@ class Stats:
         self.block_sizes = [Counter() for _ in range(num_rows)]
         self.total_forwards = 0
         self.total_query_tokens = 0
-        # signals for the adaptive policy (docs/algorithm.md §2.3): last two entropies, last block, fully accepted?
-        self.entropy = torch.full((num_rows, 2), float("nan"))
-        self.last_accepted = torch.full((num_rows, 2), float("nan"))  # drafts accepted, last two rounds
-        self.last_block = torch.zeros(num_rows, dtype=torch.long)
-        self.last_full = torch.zeros(num_rows, dtype=torch.bool)
         self.round_log: list[tuple] | None = None  # [] to log (row, block, accepted, drafts, entropy, first place's)
 
     def reset_rows(self, rows: torch.Tensor):
         """A slot starts a new request: clear its per-request counters and signals."""
         rows = rows.cpu()
         for t in (self.new_tokens, self.forwards, self.rounds, self.query_tokens, self.accepted, self.drafted,
-                  self.branch_rounds, self.hits, self.last_block, self.last_full):
+                  self.branch_rounds, self.hits):
             t[rows] = 0
-        self.entropy[rows] = float("nan")
-        self.last_accepted[rows] = float("nan")
         for r in rows.tolist():
             self.block_sizes[r] = Counter()
 
@@ -76,14 +70,6 @@ class Stats:
             firsts = first_entropy.tolist() if first_entropy is not None else (ents if block == 1 else nan)
             for r, n, k, e, f in zip(rows.tolist(), num_accepted.tolist(), draft_len.tolist(), ents, firsts):
                 self.round_log.append((r, block, n, k, e, f))
-        self.last_accepted[rows, 1] = self.last_accepted[rows, 0]
-        # a plain step drafted nothing: it tells nothing about acceptance (NaN), rather than "none accepted"
-        self.last_accepted[rows, 0] = float("nan") if block == 1 else num_accepted.float().cpu()
-        if entropy is not None:  # None: nobody reads the certainty signal in this run
-            self.entropy[rows, 1] = self.entropy[rows, 0]
-            self.entropy[rows, 0] = entropy.float().cpu()
-        self.last_block[rows] = block
-        self.last_full[rows] = (num_accepted >= draft_len).cpu()
 
     def _summary(self, idx) -> dict:
         new = int(self.new_tokens[idx].sum())

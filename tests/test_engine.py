@@ -1,5 +1,7 @@
 """Engine: parity with plain HF greedy, stopping, statistics on hand-worked cases, sampling."""
 
+import time
+
 import pytest
 import torch
 from conftest import EOS, MASK, PAD, left_pad, random_prompts, tiny_model
@@ -33,12 +35,52 @@ def test_parity_batches_and_blocks(model, mode, batch):
         assert torch.equal(out, ref), (mode, block)
 
 
+def test_the_timing_seam_books_every_phase_and_changes_no_token(model):
+    """`Engine(phases=PhaseClock())` books the engine clock's seconds per phase path: the admission with its
+    prefill forwards, the plan, each speculative round's phases with their forwards apart (`verify/forward`), a
+    plain step's; the paths' seconds add up to no more than the call's, and the tokens are the untimed engine's."""
+    from recguide_hf.phases import PhaseClock
+
+    class Alternate(BlockPolicy):
+        def start(self, num_rows):
+            super().start(num_rows)
+            self.turns = 0
+
+        def plan(self, rows, pending_has):
+            self.turns += 1
+            return torch.full_like(rows, 1 if self.turns % 2 else 8)
+
+    ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=2))
+    cfg = DecodingConfig(mode="recguide", block_size=8)
+    settings = SamplingSettings(max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=PAD)
+    plain, _ = Engine(as_backbone(model), cfg, settings, policy=Alternate(cfg)).generate(ids, mask)
+    clock = PhaseClock()
+    t0 = time.perf_counter()
+    out, stats = Engine(as_backbone(model), cfg, settings, policy=Alternate(cfg), phases=clock).generate(ids, mask)
+    wall = time.perf_counter() - t0
+    assert torch.equal(out, plain)
+    for path in ("admit", "admit/forward", "plan", "draft", "draft/forward", "verify", "verify/forward", "process",
+                 "accept", "commit", "reuse", "record", "observe", "plain", "plain/forward"):
+        assert clock.calls[path] > 0 and clock.seconds[path] >= 0, path
+    assert clock.calls["plan"] == int(stats.rounds.max())  # once per step of the whole batch
+    assert 0 < clock.total() <= wall
+    assert clock.total("admit") == clock.seconds["admit"] + clock.seconds["admit/forward"]
+    folded = clock.by_phase(outside=("admit",))
+    assert "admit" not in folded and folded["forward"] == pytest.approx(
+        sum(s for p, s in clock.seconds.items() if p.endswith("/forward") and not p.startswith("admit")))
+
+
 def test_parity_plain_steps_mixed_with_speculation(model):
     """Requests switching between plain steps (B = 1) and B = 8 from round to round, in separate buckets."""
 
     class Alternate(BlockPolicy):
-        def plan(self, rows, stats, pending_has):
-            return torch.where((rows + stats.rounds[rows.cpu()].to(rows.device)) % 2 == 0, 1, 8)
+        def start(self, num_rows):
+            super().start(num_rows)
+            self.turns = torch.zeros(num_rows, dtype=torch.long)  # rounds planned per slot
+
+        def plan(self, rows, pending_has):
+            self.turns[rows.cpu()] += 1
+            return torch.where((rows + self.turns[rows.cpu()].to(rows.device)) % 2 == 1, 1, 8)
 
     prompts = random_prompts(5, 96, min_len=1, max_len=20, seed=11)
     ids, mask = left_pad(prompts)
@@ -384,7 +426,7 @@ def test_a_whole_batch_stop_leaves_the_token_counts_true():
     true = [10 + i for i in range(200)]
 
     class TwoBuckets(BlockPolicy):
-        def plan(self, rows, stats, pending_has):
+        def plan(self, rows, pending_has):
             return torch.where(rows % 2 == 0, 8, 4)
 
     class AnyRowAt(StoppingCriteria):
@@ -415,8 +457,13 @@ def test_compiled_serving_stays_compiled():
     import torch._dynamo
 
     class Alternate(BlockPolicy):
-        def plan(self, rows, stats, pending_has):
-            return torch.where((rows + stats.rounds[rows.cpu()].to(rows.device)) % 2 == 0, 1, 8)
+        def start(self, num_rows):
+            super().start(num_rows)
+            self.turns = torch.zeros(num_rows, dtype=torch.long)  # rounds planned per slot
+
+        def plan(self, rows, pending_has):
+            self.turns[rows.cpu()] += 1
+            return torch.where((rows + self.turns[rows.cpu()].to(rows.device)) % 2 == 1, 1, 8)
 
     from recguide_hf import attention
 

@@ -13,8 +13,7 @@ from recguide_hf.config import DecodingConfig
 from recguide_hf.costs import CostTable
 from recguide_hf.engine import Engine, SamplingSettings, verifier_entropy
 from recguide_hf.models import as_backbone
-from recguide_hf.policy import BlockPolicy
-from recguide_hf.stats import Stats
+from recguide_hf.policy import BlockPolicy, RoundOutcome
 
 
 def test_entropy_over_causally_valid_positions_only():
@@ -103,11 +102,11 @@ def _tables(flat_cost: bool, blocks=(8, 16, 32), step: float | None = None):
 
 def choose(policy, c, s, prev, full):
     """The block the policy plans for a request with certainty s and state (prev, full), C requests in flight."""
-    stats = Stats(c)
-    stats.entropy[:] = -s  # two rounds of history with entropy -s each
-    stats.last_block[:] = prev
-    stats.last_full[:] = full
-    return int(policy.plan(torch.arange(c), stats, torch.zeros(c, dtype=torch.bool))[0])
+    policy.start(c)
+    policy.signals.entropy[:] = -s  # two rounds of history with entropy -s each
+    policy.signals.last_block[:] = prev
+    policy.signals.last_full[:] = full
+    return int(policy.plan(torch.arange(c), torch.zeros(c, dtype=torch.bool))[0])
 
 
 def test_policy_choices_for_hand_made_tables():
@@ -207,11 +206,11 @@ def test_a_compiled_engine_reads_the_compiled_cost_table(tmp_path):
 def _plan_mixed(costs, values, c=8):
     """Plan a batch of c requests, the even ones confident (s = -0.1), the odd ones unsure (s = -3.0)."""
     policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
-    stats = Stats(c)
-    stats.entropy[:] = torch.where(torch.arange(c) % 2 == 0, 0.1, 3.0)[:, None]
-    stats.last_block[:] = 8
-    stats.last_full[:] = torch.arange(c) % 2 == 0
-    return policy.plan(torch.arange(c), stats, torch.zeros(c, dtype=torch.bool))
+    policy.start(c)
+    policy.signals.entropy[:] = torch.where(torch.arange(c) % 2 == 0, 0.1, 3.0)[:, None]
+    policy.signals.last_block[:] = 8
+    policy.signals.last_full[:] = torch.arange(c) % 2 == 0
+    return policy.plan(torch.arange(c), torch.zeros(c, dtype=torch.bool))
 
 
 def _costs(fixed: float, per_row: float, per_token: float, blocks=(1, 8, 16, 32)):
@@ -340,7 +339,7 @@ def test_bucketing_one_forward_per_bucket():
     mock = MockBackbone(true, list(true))
 
     class TwoBuckets(BlockPolicy):
-        def plan(self, rows, stats, pending_has):
+        def plan(self, rows, pending_has):
             return torch.where(rows % 2 == 0, 4, 8)
 
     cfg = DecodingConfig(mode="linear", block_size=8)
@@ -349,6 +348,12 @@ def test_bucketing_one_forward_per_bucket():
     decode = mock.calls[1:]  # after the prefill
     # round 1: bucket B=4 (rows 0, 2) draft + verify, bucket B=8 (rows 1, 3) draft + verify; each forward has 2 rows
     assert [(rows, q) for rows, q, _ in decode[:4]] == [(2, 4), (2, 4), (2, 8), (2, 8)]
+
+
+def _timed(num_rows: int, block: int, seconds: float, accepted: float = 0.0) -> RoundOutcome:
+    """A bucket round of `num_rows` rows at `block` that took `seconds`, each row accepting `accepted` drafts."""
+    return RoundOutcome(torch.arange(num_rows), block, torch.full((num_rows,), accepted),
+                        torch.full((num_rows,), block - 1), seconds=seconds)
 
 
 def _plan_gain(plan, v, rho, costs):
@@ -368,11 +373,12 @@ def test_plan_is_the_best_of_the_weighed_plans():
     mixed = 0
     for trial in range(20):
         c = int(torch.randint(1, 9, (1,), generator=g))
-        stats = Stats(c)
+        policy.start(c)
+        stats = policy.signals
         stats.entropy[:] = torch.where(torch.rand(c, generator=g) < 0.5, 0.1, 3.0)[:, None]
         stats.last_block[:] = torch.tensor([1, 8, 16, 32])[torch.randint(0, 4, (c,), generator=g)]
         stats.last_full[:] = torch.rand(c, generator=g) < 0.5
-        chosen = policy.plan(torch.arange(c), stats, torch.zeros(c, dtype=torch.bool)).tolist()
+        chosen = policy.plan(torch.arange(c), torch.zeros(c, dtype=torch.bool)).tolist()
         s = [-0.1 if e < 1 else -3.0 for e in stats.entropy[:, 0].tolist()]
         v = [{b: values.value(b, s[r], int(stats.last_block[r]), bool(stats.last_full[r])) for b in policy.candidates}
              for r in range(c)]
@@ -426,31 +432,33 @@ def test_online_costs_move_off_a_block_the_table_underpriced():
     optimism, prior = config.online_optimism, config.online_prior
     policy = BlockPolicy(config, costs, values)
     fixed = BlockPolicy(DecodingConfig(block_size="auto", online_costs=False), costs, values)
+    policy.start(8), fixed.start(8)
     assert policy.online and not fixed.online
     assert choose(policy, 8, -3.0, 8, False) == 1
     for _ in range(60):  # the machine is 3x slower than the table everywhere: no block is cheaper than before
-        policy.observe_round(8, 1, 3 * 0.006)
-        policy.observe_round(8, 8, 3 * 0.02)
+        policy.observe(_timed(8, 1, 3 * 0.006))
+        policy.observe(_timed(8, 8, 3 * 0.02))
     w = 60 / (60 + prior)
     assert policy.factor(1) == pytest.approx(3.0 * math.exp(-(1 - w) * optimism)) == policy.factor(8)
     assert policy.factor(16) == pytest.approx(3.0 * math.exp(-optimism))  # never run: optimism
     assert choose(policy, 8, -3.0, 8, False) == 1
     policy = BlockPolicy(config, costs, values)
+    policy.start(8)
     for _ in range(2):
         for p in (policy, fixed):
-            p.observe_round(8, 1, 0.03)
-            p.observe_round(8, 8, 0.02)
+            p.observe(_timed(8, 1, 0.03))
+            p.observe(_timed(8, 8, 0.02))
     assert policy.factor(1) > policy.factor(8) and choose(policy, 8, -3.0, 8, False) == 1
     for _ in range(60):
         for p in (policy, fixed):
-            p.observe_round(8, 1, 0.03)
-            p.observe_round(8, 8, 0.02)
+            p.observe(_timed(8, 1, 0.03))
+            p.observe(_timed(8, 8, 0.02))
     assert 3.0 < policy.factor(1) / policy.factor(8) < 5.0  # 5x, shrunk toward the table by 16 rounds
     assert choose(policy, 8, -3.0, 8, False) > 1
     assert fixed.factor(1) == fixed.factor(8) == 1.0 and choose(fixed, 8, -3.0, 8, False) == 1
     for _ in range(200):  # plain steps get cheap again: the price follows
-        policy.observe_round(8, 1, 0.006)
-        policy.observe_round(8, 8, 0.02)
+        policy.observe(_timed(8, 1, 0.006))
+        policy.observe(_timed(8, 8, 0.02))
     assert policy.factor(1) / policy.factor(8) == pytest.approx(1.0, abs=0.05)
     assert choose(policy, 8, -3.0, 8, False) == 1
 
@@ -475,10 +483,65 @@ def test_a_near_tie_the_table_has_not_measured_gets_tried():
     for _ in range(100):
         b = choose(policy, 16, -3.0, 4, False)
         picks.append(b)
-        policy.observe_round(16, b, 1.2 * plain if b == 1 else four)  # plain steps 20% dearer than the table
+        # plain steps 20% dearer than the table; B = 4 accepts what the value table says (3.1 tokens a round)
+        policy.observe(_timed(16, b, 1.2 * plain if b == 1 else four, accepted=0.0 if b == 1 else 2.1))
     assert 4 in picks[:5] and 32 not in picks
     # B = 4 from then on, with B = 1 re-checked now and then, less and less often as its price is measured
     assert picks[50:].count(4) >= 0.85 * 50 and picks[:50].count(1) > picks[50:].count(1)
+
+
+def test_online_values_follow_the_acceptance_the_call_observes():
+    """The value table says B = 4 accepts 2 drafts a round (3 tokens for twice a plain step's price: the best
+    plan); these prompts accept 0.5. Rounds priced as the table says (so only the values can move the plan) make
+    the policy fall back to plain steps within a few rounds; B = 8, never run, moves with the common ratio; the
+    correction is shrunk toward the table (a round or two moves little); with `recguide_online_values=False`
+    the table alone decides. Prompts that accept as predicted leave the plan where it was."""
+    costs = CostTable({"costs": {str(c): {"1": {"draft": 0.0, "verify": [0.010 * c / 8] * 4},
+                                          "4": {"draft": 0.010 * c / 8, "verify": [0.010 * c / 8] * 4},
+                                          "8": {"draft": 0.020 * c / 8, "verify": [0.020 * c / 8] * 4}}
+                                 for c in (1, 8)}})
+    values = ValueTable({"block_sizes": [4, 8], "s_edges": [], "mean": {"4": 3.0, "8": 5.0},
+                         "values": {"4": {}, "8": {}}, "shrink": {"4": 0.0, "8": 0.0}})
+    hard = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    table_only = BlockPolicy(DecodingConfig(block_size="auto", online_values=False), costs, values)
+    easy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+    assert hard.learns_values and not table_only.learns_values
+    picks = {id(p): [] for p in (hard, table_only, easy)}
+    for _ in range(12):
+        for p, accepted in ((hard, 0.5), (table_only, 0.5), (easy, 2.0)):
+            b = choose(p, 8, -3.0, 4, False)
+            picks[id(p)].append(b)
+            p.observe(_timed(8, b, costs.round_cost(8, b), accepted=0.0 if b == 1 else accepted))
+    assert picks[id(hard)][0] == 4 and picks[id(hard)][-6:] == [1] * 6 and 4 in picks[id(hard)][:3]
+    assert picks[id(table_only)] == [4] * 12 and picks[id(easy)] == [4] * 12
+    assert 0.25 < hard.value_scale(4) < 0.5  # 0.5 / 2 observed, shrunk toward 1 by VALUE_PRIOR drafts
+    assert hard.value_scale(4) < hard.value_scale(8) < 0.75  # never run: the common ratio, shrunk toward 1
+    assert easy.value_scale(4) == pytest.approx(1.0) and table_only.value_scale(4) == 1.0
+    assert hard.value_scale(1) == 1.0  # a plain step always yields one token
+
+
+def test_the_engine_feeds_the_acceptance_it_meets_to_the_policy():
+    """An engine whose drafts are always wrong (MockBackbone: the draft tokens differ from the true text): the
+    table promises 3 tokens a round at B = 4 for twice a plain step's price, so the first round drafts; every
+    round of B = 4 reports what it predicted and what was accepted (0), and the policy falls back to plain steps.
+    With `recguide_online_values=False` it keeps drafting. Both emit the true text."""
+    true = [10 + i for i in range(200)]
+    costs = CostTable({"costs": {str(c): {"1": {"draft": 0.0, "verify": [0.010 * c] * 4},
+                                          "4": {"draft": 0.010 * c, "verify": [0.010 * c] * 4}} for c in (1, 8)}})
+    values = ValueTable({"block_sizes": [4], "s_edges": [], "mean": {"4": 3.0}, "values": {"4": {}},
+                         "shrink": {"4": 0.0}})
+    mix = {}
+    for learns in (True, False):
+        config = DecodingConfig(mode="linear", block_size="auto", online_values=learns, online_costs=False)
+        policy = BlockPolicy(config, costs, values)
+        engine = Engine(MockBackbone(true, [5] * 200), config, SamplingSettings(max_new_tokens=24), policy=policy)
+        seq, stats = engine.generate(torch.tensor([true[:3]] * 2))
+        assert seq[:, 3:].tolist() == [true[3:27]] * 2
+        mix[learns] = stats.as_dict()["block_sizes"]
+        if learns:
+            assert policy.value_scale(4) < 0.6 and policy.prices.values.made[4] == 0.0
+            assert policy.prices.values.expected[4] > 0
+    assert mix[False] == {4: 2 * 24} and mix[True].get(4, 0) <= 2 * 3 and mix[True][1] >= 2 * 20
 
 
 def test_the_engine_reports_each_buckets_round_time(model):
@@ -489,9 +552,9 @@ def test_the_engine_reports_each_buckets_round_time(model):
     seen = []
 
     class Recording(BlockPolicy):
-        def observe_round(self, num_rows, block, seconds):
-            seen.append((num_rows, block, seconds))
-            super().observe_round(num_rows, block, seconds)
+        def observe(self, out):
+            seen.append((out.rows.numel(), out.block, out.seconds))
+            super().observe(out)
 
     policy = Recording(cfg, costs, values)
     ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=4))
@@ -564,24 +627,23 @@ def test_policy_reads_recent_acceptance_and_skips_the_entropy_pass(model):
     costs, _ = _tables(flat_cost=True, blocks=(1, 8, 32), step=0.006)
     policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
     assert not policy.reads_entropy
-    stats = Stats(3)
+    policy.start(3)
+    stats = policy.signals
     stats.last_block[:] = 32
     stats.last_accepted[0] = torch.tensor([20.0, 20.0])  # keeps accepting: long blocks
     stats.last_accepted[1] = torch.tensor([2.0, 2.0])  # 3 tokens a round: a plain step is cheaper here
     stats.last_accepted[2] = float("nan")  # no history
     stats.last_block[2] = 0
     stats.entropy[:] = 5.0  # would read as unsure for everyone if the entropy were the signal
-    planned = [int(policy.plan(torch.tensor([r]), stats, torch.zeros(3, dtype=torch.bool))[0]) for r in range(3)]
+    planned = [int(policy.plan(torch.tensor([r]), torch.zeros(3, dtype=torch.bool))[0]) for r in range(3)]
     assert planned[:2] == [32, 1]
     assert planned[2] == max(policy.candidates, key=lambda b: values.mean[b] / costs.round_cost(1, b))
-    stats.record_round(torch.tensor([0]), 8, torch.tensor([4]), torch.tensor([3]), torch.tensor([7]),
-                       torch.tensor([-1]), False, None)
+    stats.record(RoundOutcome(torch.tensor([0]), 8, torch.tensor([3]), torch.tensor([7])))
     assert stats.last_accepted[0].tolist() == [3.0, 20.0]
-    stats.record_round(torch.tensor([0]), 1, torch.tensor([1]), torch.tensor([0]), torch.tensor([0]),
-                       torch.tensor([-1]), False, None)
+    stats.record(RoundOutcome(torch.tensor([0]), 1, torch.tensor([0]), torch.tensor([0])))
     assert math.isnan(stats.last_accepted[0, 0]) and stats.last_accepted[0, 1] == 3.0  # a plain step drafted nothing
     stats.last_block[0] = 1
-    assert int(policy.plan(torch.tensor([0]), stats, torch.zeros(3, dtype=torch.bool))[0]) == 32  # s = 0 after it
+    assert int(policy.plan(torch.tensor([0]), torch.zeros(3, dtype=torch.bool))[0]) == 32  # s = 0 after it
     engine = Engine(as_backbone(model), DecodingConfig(block_size="auto"), SamplingSettings(max_new_tokens=8),
                     policy=policy)
     assert not engine.wants_entropy
