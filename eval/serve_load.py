@@ -16,9 +16,7 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -30,29 +28,7 @@ import psutil
 
 from recguide_hf import BUNDLED_MODEL
 from recguide_hf.prompts import load_mixed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: Path, port: int, slots: int, max_waiting: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "recguide_hf.cli", "serve", "--model", str(model), "--port",
-                             str(port), "--slots", str(slots), "--max-waiting", str(max_waiting)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("server exited: " + proc.stdout.read()[-3000:])
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not come up in 180 s")
+from recguide_hf.testing.server import start_server, stop_server
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -76,10 +52,9 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     prompts = load_mixed((args.prompts + 1) // 2)[: args.prompts]
-    port = free_port()
-    proc = start_server(args.model, port, args.slots, args.max_waiting)
+    proc, base = start_server(["--model", str(args.model), "--slots", str(args.slots), "--max-waiting",
+                               str(args.max_waiting)])
     server = psutil.Process(proc.pid)
-    base = f"http://127.0.0.1:{port}"
     name = args.model.name
     client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=300, max_retries=0)
     client.completions.create(model=name, prompt=prompts[0], max_tokens=4, temperature=0)  # warm the path
@@ -122,8 +97,7 @@ def main(argv=None):
     still_open = sum(t.is_alive() for t in threads)
     metrics = httpx.get(base + "/metrics", timeout=10).text
     rss_after = server.memory_info().rss
-    proc.terminate()
-    proc.wait(timeout=30)
+    stop_server(proc, timeout=30)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -30,6 +30,31 @@ BUNDLED = ROOT / "recguide_hf" / "bundled" / "recguide-tiny"
 
 
 SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
+POLICY = ("<!-- policy:start -->", "<!-- policy:end -->")
+
+
+def policy_table(res: Path) -> str:
+    """eval/policy_check.py's run (policy_check.json): the default policy against every fixed choice on held-out
+    prompts, static batches, with and without the online value correction."""
+    path = res / "policy_check.json"
+    if not path.exists():
+        return "(no policy check recorded yet)"
+    run = json.loads(path.read_text())
+    env = run["environment"]
+    rows = run["results"]
+    methods = list(rows[0]["tok_s"])
+    lines = [f"Static batches of held-out HumanEval prompts (never used to calibrate), {rows[0]['prompts']} or C of "
+             f"them per C in batches of C, {run['settings']['max_new_tokens']} new tokens, best of "
+             f"{run['settings']['repeats']} interleaved runs, tokens/s (`{env['command']}`, {env['hardware']}, "
+             f"commit {env['git_commit']}); `recguide-table` is the policy without the online value correction:", "",
+             "| C | " + " | ".join(methods) + " | fastest other | recguide / it | = HF greedy |",
+             "|---|" + "---|" * (len(methods) + 3)]
+    for row in rows:
+        same = all(v for m, v in row["equal_hf_greedy"].items() if m != "hf-ar")
+        lines.append(f"| {row['C']} | " + " | ".join(f"{row['tok_s'][m]:.1f}" for m in methods)
+                     + f" | {row['fastest_other']} | x{row['ratio_to_fastest']['recguide']:.2f} | "
+                     + ("yes" if same else "NO") + " |")
+    return "\n".join(lines)
 
 
 def serving_results(res: Path) -> str:
@@ -494,6 +519,7 @@ def main():
     text = replace_between(text, BRANCHES, branch_table(res))
     text = replace_between(text, ("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), sep="")
     text = replace_between(text, SERVING, serving_results(res))
+    text = replace_between(text, POLICY, policy_table(res))
     readme.write_text(text)
     print("README results section updated")
 

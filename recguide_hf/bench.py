@@ -295,22 +295,29 @@ def _run_hf(model, tokenizer, prompts, c, max_new, method, assistant, clock=time
     return {"records": records, "wall": wall, "engine_stats": None, "hf_counts": counts}
 
 
-def _run_cb(model, tokenizer, prompts: list[str], c: int, max_new: int) -> dict:
-    """HF's continuous batching (`generate_batch`), at most c requests decoding at once (a closed loop of c). Each
-    request's latency runs from its admission to its end, as the engine's does; `wall` spans the first admission
-    to the last end, and the manager's start-up before it (cache allocation, warm-up) is `setup_s`, outside."""
+def cb_settings(model, ids: list[list[int]], slots: int, max_new: int):
+    """(generation config, ContinuousBatchingConfig) for HF's continuous batching of these prompts, `slots`
+    requests decoding at once, greedy."""
     try:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
     except ImportError as err:
         raise ValueError("hf-cb needs a transformers with ContinuousBatchingConfig (5.24 has it, 5.0 not)") from err
-    ids = [tokenizer(p)["input_ids"] for p in prompts]
     gen = copy.deepcopy(model.generation_config)
     gen.update(max_new_tokens=max_new, do_sample=False)
     pages = -(-(max(map(len, ids)) + max_new) // 256) + 1  # 256-token pages per request, one spare
     # tokens per step: HF's default (8192) sizes [M, M + cache] attention masks that at C = 64 asked for more memory
     # than this 24 GiB machine offers; a prompt longer than this is prefilled in chunks
-    batch_tokens = max(1024, max(map(len, ids)) + c)
-    config = ContinuousBatchingConfig(max_requests_per_batch=c, num_blocks=c * pages, max_batch_tokens=batch_tokens)
+    batch_tokens = max(1024, max(map(len, ids)) + slots)
+    return gen, ContinuousBatchingConfig(max_requests_per_batch=slots, num_blocks=slots * pages,
+                                         max_batch_tokens=batch_tokens)
+
+
+def _run_cb(model, tokenizer, prompts: list[str], c: int, max_new: int) -> dict:
+    """HF's continuous batching (`generate_batch`), at most c requests decoding at once (a closed loop of c). Each
+    request's latency runs from its admission to its end, as the engine's does; `wall` spans the first admission
+    to the last end, and the manager's start-up before it (cache allocation, warm-up) is `setup_s`, outside."""
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    gen, config = cb_settings(model, ids, c, max_new)
     start = time.perf_counter()
     out = model.generate_batch(inputs=ids, generation_config=gen, continuous_batching_config=config)
     total = time.perf_counter() - start
@@ -409,8 +416,14 @@ def environment(command: str) -> dict:
     import transformers
 
     try:
+        here = Path(__file__).parent
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
+                                cwd=here).stdout.strip() or "unknown"
+        # the package's own files changed since that commit: the run measured code no commit holds
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "."], capture_output=True, text=True,
+                                 cwd=here).stdout.strip()
+        if changed and commit != "unknown":
+            commit += "+uncommitted"
     except OSError:
         commit = "unknown"
     cpu = platform.processor() or platform.machine()

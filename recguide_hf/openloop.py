@@ -24,7 +24,6 @@ forwards, and an idle engine jumps to the next arrival.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import random
@@ -32,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .bench import VirtualCosts, _engine_config, _strip, parse_method
+from .bench import VirtualCosts, _engine_config, _strip, cb_settings, parse_method
 from .engine import Engine, SamplingSettings
 from .models import as_backbone
 
@@ -153,13 +152,7 @@ def _replay(engine: Engine, pool, reqs: list[Timed], timeline, clock, virtual):
 
 def run_hf_cb_open(model, tokenizer, pool: list[list[int]], arrivals: list[float], max_new: int, slots: int) -> dict:
     """HF's continuous batching manager, each request added at its arrival time (wall clock)."""
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    gen = copy.deepcopy(model.generation_config)
-    gen.update(max_new_tokens=max_new, do_sample=False)
-    pages = -(-(max(map(len, pool)) + max_new) // 256) + 1
-    config = ContinuousBatchingConfig(max_requests_per_batch=slots, num_blocks=slots * pages,
-                                      max_batch_tokens=max(1024, max(map(len, pool)) + slots))
+    gen, config = cb_settings(model, pool, slots, max_new)
     reqs = [Timed(a, k % len(pool)) for k, a in enumerate(arrivals)]
     eos = [model.generation_config.eos_token_id]
     with model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=config,

@@ -45,7 +45,8 @@ The policy learns only through `observe(RoundOutcome)`, one call per bucket roun
 (`Signals`: the state and signal `V_B` reads), the measured price, the acceptance, the branch hit rate.
 
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
-`argmax_B V_B - rho_C T_C(B)`. With no history this is the best fixed block for the load. B = 1 is the
+`argmax_B V_B - rho_C T_C(B)`. A request's first round (no history) reads `V_B` of first rounds,
+calibrated apart: right after a prompt far fewer drafts are accepted than later. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
 forward at this load the round is a plain step, and the round after may speculate again. No threshold on
 concurrency appears anywhere: load enters only through the measured `T`.
@@ -299,10 +300,10 @@ class BlockPolicy:
         prev, full = sig.last_block[rc], sig.last_full[rc]
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
             n1, n2 = sig.last_accepted[rc].unbind(1)  # [R]; NaN: no such round yet, or a plain step
-            s = accepted_signal(n1, n2, prev)  # as calibrated; no history: NaN, each block's mean
+            s = accepted_signal(n1, n2, prev)  # as calibrated; no history: NaN (the first round's value)
         else:  # minus the mean verifier entropy of the last two rounds
             e1, e2 = sig.entropy[rc].unbind(1)
-            s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history) reads each block's mean
+            s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history): the first round's value
         table = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
         value = self._corrected(table)
         factors = self._factors()  # once per round: the load's prices and every bucket's read them

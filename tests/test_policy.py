@@ -619,6 +619,25 @@ def test_accepted_signal_fit_known_answer():
         fit(rounds, signal="margin")
 
 
+def test_first_rounds_are_calibrated_apart():
+    """A request's first round (right after its prompt) accepts fewer drafts than later ones: here 1 against 20.
+    The table keeps their mean apart (`first`) and reads it for a slot with no round yet (prev_block 0), the
+    state-and-signal values for the rest; a table from before `first` existed reads the block's mean there."""
+    rounds = [Round("a", req, t, 1.0, 1 if t == 0 else 20) for req in range(20) for t in range(5)]
+    table = fit(rounds, block_sizes=(1, 8, 32), num_bins=2, signal="accepted")
+    assert table["first"] == {"1": 1.0, "8": 2.0, "32": 2.0}
+    assert table["mean"]["32"] == pytest.approx(21.0)  # every round with history accepted 20
+    values = ValueTable(table)
+    v = values.values_matrix([8, 32], torch.tensor([float("nan"), 20.0]), torch.tensor([0, 32]),
+                             torch.tensor([False, False]))
+    assert v[0].tolist() == pytest.approx([2.0, 2.0]) and v[1].tolist() == pytest.approx([8.0, 21.0])
+    assert values.value(32, None, None, None) == pytest.approx(2.0) == values.value(32, None, 0, False)
+    legacy = ValueTable({k: x for k, x in table.items() if k != "first"})
+    assert legacy.value(32, None, None, None) == pytest.approx(21.0)
+    assert legacy.values_matrix([32], torch.tensor([float("nan")]), torch.tensor([0]),
+                                torch.tensor([False])).item() == pytest.approx(21.0)
+
+
 def test_policy_reads_recent_acceptance_and_skips_the_entropy_pass(model):
     """With a table fitted on the accepted signal, the plan follows each request's recent acceptance (no
     history: the block's mean) and the engine computes no verifier entropy."""

@@ -4,9 +4,6 @@ anything runs, a client that leaves frees its row, a full queue answers 503. Eve
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,43 +15,22 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from recguide_hf import BUNDLED_MODEL  # noqa: E402
+from recguide_hf.testing.server import start_server, stop_server  # noqa: E402
 
 KEY = "test-key-123"
 pytestmark = pytest.mark.skipif(not (BUNDLED_MODEL / "model.safetensors").exists(), reason="bundled weights missing")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "recguide_hf.cli", "serve", "--port", str(port), "--api-key", KEY,
-                             "--slots", "2", "--max-waiting", "1", "--max-tokens", "256", "--max-prompt-tokens",
-                             "512"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail("server exited: " + proc.stdout.read()[-3000:])
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("server did not come up in 120 s")
-    yield base
-    proc.terminate()
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        proc, base = start_server(["--api-key", KEY, "--slots", "2", "--max-waiting", "1", "--max-tokens", "256",
+                                   "--max-prompt-tokens", "512"], timeout=120,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    yield base
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")
