@@ -54,6 +54,21 @@ def policy_table(res: Path) -> str:
         lines.append(f"| {row['C']} | " + " | ".join(f"{row['tok_s'][m]:.1f}" for m in methods)
                      + f" | {row['fastest_other']} | x{row['ratio_to_fastest']['recguide']:.2f} | "
                      + ("yes" if same else "NO") + " |")
+    virtual = res / "virtual_b200_policy" / "bench.json"
+    if virtual.exists():
+        v = json.loads(virtual.read_text())
+        by_c: dict[int, dict[str, dict]] = {}
+        for r in v["rows"]:
+            by_c.setdefault(r["concurrency"], {})[r["method"]] = r
+        parts = []
+        for c, rows_c in sorted(by_c.items()):
+            others = {m: r["aggregate_tps"] for m, r in rows_c.items() if m != "recguide"}
+            best = max(others, key=others.get)
+            parts.append(f"C = {c}: x{rows_c['recguide']['aggregate_tps'] / others[best]:.2f} of {best}")
+        same = all(r["equal_to_ar"] for r in v["rows"])
+        lines += ["", f"Under the NLD-8B B200 cost table (a simulation, closed loop; `{v['environment']['command']}`, "
+                  f"commit {v['environment']['git_commit']}): recguide against the best fixed method "
+                  + ", ".join(parts) + "; every output = HF greedy: " + ("yes" if same else "NO") + "."]
     return "\n".join(lines)
 
 
