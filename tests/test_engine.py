@@ -35,20 +35,23 @@ def test_parity_batches_and_blocks(model, mode, batch):
         assert torch.equal(out, ref), (mode, block)
 
 
+class Alternate(BlockPolicy):
+    """Each slot switches between a plain step (B = 1) and B = 8 from round to round, neighbours out of step."""
+
+    def start(self, num_rows):
+        super().start(num_rows)
+        self.turns = torch.zeros(num_rows, dtype=torch.long)  # rounds planned per slot
+
+    def plan(self, rows, pending_has):
+        self.turns[rows.cpu()] += 1
+        return torch.where((rows + self.turns[rows.cpu()].to(rows.device)) % 2 == 1, 1, 8)
+
+
 def test_the_timing_seam_books_every_phase_and_changes_no_token(model):
     """`Engine(phases=PhaseClock())` books the engine clock's seconds per phase path: the admission with its
     prefill forwards, the plan, each speculative round's phases with their forwards apart (`verify/forward`), a
     plain step's; the paths' seconds add up to no more than the call's, and the tokens are the untimed engine's."""
     from recguide_hf.phases import PhaseClock
-
-    class Alternate(BlockPolicy):
-        def start(self, num_rows):
-            super().start(num_rows)
-            self.turns = 0
-
-        def plan(self, rows, pending_has):
-            self.turns += 1
-            return torch.full_like(rows, 1 if self.turns % 2 else 8)
 
     ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=2))
     cfg = DecodingConfig(mode="recguide", block_size=8)
@@ -72,15 +75,6 @@ def test_the_timing_seam_books_every_phase_and_changes_no_token(model):
 
 def test_parity_plain_steps_mixed_with_speculation(model):
     """Requests switching between plain steps (B = 1) and B = 8 from round to round, in separate buckets."""
-
-    class Alternate(BlockPolicy):
-        def start(self, num_rows):
-            super().start(num_rows)
-            self.turns = torch.zeros(num_rows, dtype=torch.long)  # rounds planned per slot
-
-        def plan(self, rows, pending_has):
-            self.turns[rows.cpu()] += 1
-            return torch.where((rows + self.turns[rows.cpu()].to(rows.device)) % 2 == 1, 1, 8)
 
     prompts = random_prompts(5, 96, min_len=1, max_len=20, seed=11)
     ids, mask = left_pad(prompts)
@@ -455,15 +449,6 @@ def test_compiled_serving_stays_compiled():
     ninth graph variant), and from there ran eagerly: the per-kind functions and the cache's uniform paths keep
     each kind's graphs few (compiled.py). The forwards read the cache's rows in runs through one op (attention.py)."""
     import torch._dynamo
-
-    class Alternate(BlockPolicy):
-        def start(self, num_rows):
-            super().start(num_rows)
-            self.turns = torch.zeros(num_rows, dtype=torch.long)  # rounds planned per slot
-
-        def plan(self, rows, pending_has):
-            self.turns[rows.cpu()] += 1
-            return torch.where((rows + self.turns[rows.cpu()].to(rows.device)) % 2 == 1, 1, 8)
 
     from recguide_hf import attention
 
