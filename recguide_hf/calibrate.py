@@ -253,7 +253,7 @@ class ValueTable:
             shape = (len(self.block_sizes), 2, len(self.edges) + 1)
             grids = [torch.ones(shape) if b == 1 else self._grid[b] for b in blocks]
             self._stacked[key] = (torch.stack(grids), torch.tensor([self.mean[b] for b in blocks]),
-                                  torch.tensor([self.first.get(b, self.mean[b]) for b in blocks]))
+                                  torch.tensor([self.first[b] for b in blocks]))
         grid, means, firsts = self._stacked[key]
         prev_idx = self._prev_lut[prev_block.clamp(0, 64)]
         known = (prev_idx >= 0) & (~s.isnan() | (not self.reads_signal))  # s unread: every bin reads alike
@@ -267,7 +267,7 @@ class ValueTable:
         if block == 1:
             return 1.0
         if prev_block in (None, 0):  # the request's first round
-            return self.first.get(block, self.mean.get(block, 0.0))
+            return self.first.get(block, 0.0)
         if str(block) not in self.values or (s is None and self.reads_signal):
             return self.mean.get(block, 0.0)
         s = 0.0 if s is None else s  # a table that does not read the signal: every bin reads alike

@@ -191,6 +191,8 @@ class BlockPolicy:
             _check_covered("cost table (`recguide profile`)", self.candidates, costs.block_sizes)
             _check_covered("value table (`recguide calibrate`)", [b for b in self.candidates if b > 1],
                            values.block_sizes)
+            # [K] the value table's mean progress per candidate (V_1 = 1), read by rho every round
+            self._means = torch.tensor([values.mean[b] for b in self.candidates], dtype=torch.float64)
         self.hits, self.branch_rounds = 1.0, 3.0  # prior hit rate 1/3 until calibration or observation says more
         if values is not None and "coverage" in values.data:
             self.hits, self.branch_rounds = 3 * values.data["coverage"], 3.0
@@ -281,11 +283,8 @@ class BlockPolicy:
             return 1.0
         return self.prices.values.scale(block)
 
-    def _corrected(self, value: torch.Tensor) -> torch.Tensor:
-        """V'_B = 1 + a_B (V_B - 1), within [1, B]: the table's expected drafts accepted, times a_B."""
-        if not self.learns_values:
-            return value
-        scale = torch.tensor([self.value_scale(b) for b in self.candidates], dtype=value.dtype)
+    def _corrected(self, value: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """V'_B = 1 + a_B (V_B - 1), within [1, B]: the table's expected drafts accepted [..., K], times a_B [K]."""
         return (1 + scale * (value - 1)).clamp(min=1.0).minimum(self._sizes.to(value.dtype))
 
     def plan(self, rows: torch.Tensor, pending_has: torch.Tensor) -> torch.Tensor:
@@ -305,10 +304,11 @@ class BlockPolicy:
             e1, e2 = sig.entropy[rc].unbind(1)
             s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history): the first round's value
         table = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
-        value = self._corrected(table)
+        value, means = table, self._means
+        if self.learns_values:  # a_B once per round: the rows' values and rho's means read the same
+            scale = torch.tensor([self.value_scale(b) for b in self.candidates], dtype=torch.float64)
+            value, means = self._corrected(table, scale), self._corrected(means, scale)
         factors = self._factors()  # once per round: the load's prices and every bucket's read them
-        means = self._corrected(torch.tensor([[self.values.mean.get(b, 1.0) if b > 1 else 1.0
-                                               for b in self.candidates]], dtype=torch.float64))[0]
         rho, seconds = self._load(c, factors, means)
         own = (value - rho * seconds).argmax(1)  # each request's own best block
         pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
