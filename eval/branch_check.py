@@ -32,14 +32,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recguide_hf.bench import run_engine, run_hf, save_run, summarize  # noqa: E402
-from recguide_hf.cli import load  # noqa: E402
-from recguide_hf.compiled import CompiledForward  # noqa: E402
-from recguide_hf.config import DecodingConfig  # noqa: E402
-from recguide_hf.masks import block_intra, causal_intra  # noqa: E402
-from recguide_hf.models import as_backbone  # noqa: E402
-from recguide_hf.profile import _forward_timer, interleaved_medians  # noqa: E402
-from recguide_hf.prompts import load_mixed  # noqa: E402
+from recguide_hf.core.compiled import CompiledForward
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.masks import block_intra, causal_intra
+from recguide_hf.models.registry import as_backbone
+from recguide_hf.tools.bench import run_engine, run_hf, save_run, summarize
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.profile import _forward_timer, interleaved_medians
+from recguide_hf.tools.prompts import load_mixed
 
 
 @torch.no_grad()

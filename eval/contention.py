@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from recguide_hf.bench import environment  # noqa: E402
-from recguide_hf.cli import load  # noqa: E402
-from recguide_hf.prompts import load_prompts  # noqa: E402
+from recguide_hf.tools.bench import environment
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_prompts
 
 COMPETITOR = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(384, 384)\n"
               "while True:\n    a = (a @ a).tanh()\n")

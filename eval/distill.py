@@ -42,15 +42,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from teacher_data import greedy  # noqa: E402
+from teacher_data import greedy
 from tqdm import tqdm
-from train import TeacherBatches, draft_blocks, set_lr  # noqa: E402
+from train import TeacherBatches, draft_blocks, set_lr
 from transformers import AutoTokenizer, DynamicCache, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from recguide_hf.draft import make_draft  # noqa: E402
-from recguide_hf.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter  # noqa: E402
-from recguide_hf.modeling import RecGuideForCausalLM, additive_mask  # noqa: E402
-from recguide_hf.prompts import load_prompts  # noqa: E402
+from recguide_hf.core.draft import make_draft
+from recguide_hf.core.masks import additive_mask
+from recguide_hf.models.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter
+from recguide_hf.models.modeling import RecGuideForCausalLM
+from recguide_hf.tools.prompts import load_prompts
 
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

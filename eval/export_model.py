@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer
 
-from recguide_hf.export import save_model_folder  # noqa: E402
-from recguide_hf.modeling import RecGuideForCausalLM  # noqa: E402
+from recguide_hf.models.export import save_model_folder
+from recguide_hf.models.modeling import RecGuideForCausalLM
 
 
 def main(argv=None):

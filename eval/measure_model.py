@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import recguide_hf  # noqa: E402
-from recguide_hf.cli import load  # noqa: E402
-from recguide_hf.config import DecodingConfig  # noqa: E402
-from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
-from recguide_hf.models import as_backbone  # noqa: E402
-from recguide_hf.prompts import load_prompts  # noqa: E402
+import recguide_hf
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.models.registry import as_backbone
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_prompts
 
 
 def distinct4(tokens: list[int]) -> float:

@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 
 from recguide_hf import BUNDLED_MODEL
-from recguide_hf.bench import environment, run_hf
-from recguide_hf.cli import load
-from recguide_hf.config import DecodingConfig
-from recguide_hf.engine import Engine, SamplingSettings
-from recguide_hf.models import as_backbone
-from recguide_hf.policy import BlockPolicy, OnlinePrices
-from recguide_hf.prompts import load_prompts
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.core.policy import BlockPolicy, OnlinePrices
+from recguide_hf.models.registry import as_backbone
+from recguide_hf.tools.bench import environment, run_hf
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_prompts
 
 
 class Recording(BlockPolicy):

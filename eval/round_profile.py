@@ -7,7 +7,7 @@
 For each concurrency C (a static batch of C held-out prompts; `--batches K`: K such batches of other prompts, one
 after the other, their times and tokens summed) and block size B (B = 1: plain decoding steps
 inside the engine), LinearSS decodes `--tokens` new tokens per request while the engine's timing seam
-(`Engine(phases=PhaseClock())`, recguide_hf/phases.py) times every phase; the forwards are booked apart. HF's
+(`Engine(phases=PhaseClock())`, recguide_hf/core/phases.py) times every phase; the forwards are booked apart. HF's
 plain greedy `generate` on the same batch gives the reference cost of one decoding step. Run it on an idle
 machine: it times wall clock. (CPU: every op is synchronous, so the clocks measure the work; on CUDA they
 would measure launches, so this script refuses a CUDA model.)
@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from recguide_hf.bench import ar_compile_kwargs, save_run
-from recguide_hf.cli import load
-from recguide_hf.config import DecodingConfig
-from recguide_hf.engine import Engine, SamplingSettings
-from recguide_hf.models import as_backbone
-from recguide_hf.phases import PhaseClock
-from recguide_hf.prompts import load_mixed
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.core.phases import PhaseClock
+from recguide_hf.models.registry import as_backbone
+from recguide_hf.tools.bench import ar_compile_kwargs, save_run
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_mixed
 
 PHASES = ("plan", "draft", "branch_plan", "verify", "process", "accept", "commit", "reuse", "record", "observe",
           "plain")
@@ -43,7 +43,7 @@ PHASES = ("plan", "draft", "branch_plan", "verify", "process", "accept", "commit
 def run_engine(model, enc, block: int, max_new: int, eos: list[int], mode: str = "linear",
                compile: bool = False) -> dict:
     """LinearSS with block `block` (1: plain steps) on a static batch, every phase timed through the engine's
-    timing seam (recguide_hf/phases.py); `mode="recguide"`: the same with RecGuide's branches carried in every
+    timing seam (recguide_hf/core/phases.py); `mode="recguide"`: the same with RecGuide's branches carried in every
     round (no cost table, so no rule drops them); `compile`: `recguide_compile=true` (its seconds spent compiling
     come back as `compile_s`)."""
     clock = PhaseClock()

@@ -27,8 +27,8 @@ import openai
 import psutil
 
 from recguide_hf import BUNDLED_MODEL
-from recguide_hf.prompts import load_mixed
 from recguide_hf.testing.server import start_server, stop_server
+from recguide_hf.tools.prompts import load_mixed
 
 
 def percentile(values: list[float], q: float) -> float | None:

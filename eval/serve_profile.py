@@ -4,8 +4,8 @@
         --out eval/results/serve_profile.json
 
 `recguide bench` serves C slots closed loop (a finished request's slot takes the next prompt); this script runs
-the same loop (`recguide_hf.bench.run_engine`, the bench's prompts and request counts) with the engine's timing
-seam (`PhaseClock`, recguide_hf/phases.py) booking its admissions (cache reset and the prefill forwards), the
+the same loop (`recguide_hf.tools.bench.run_engine`, the bench's prompts and request counts) with the engine's timing
+seam (`PhaseClock`, recguide_hf/core/phases.py) booking its admissions (cache reset and the prefill forwards), the
 rounds' forwards, and the block policy's planning and learning. Methods are interleaved, their order rotating
 between repeats; figures are medians. Every output is checked against plain HF greedy at batch 1. Run it on an idle CPU
 (it times wall clock; on CUDA the clocks would measure launches, so it refuses a CUDA model).
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from recguide_hf.bench import run_engine, run_hf, save_run
-from recguide_hf.cli import load
-from recguide_hf.phases import PhaseClock
-from recguide_hf.prompts import load_mixed
+from recguide_hf.core.phases import PhaseClock
+from recguide_hf.tools.bench import run_engine, run_hf, save_run
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_mixed
 
 PARTS = ("admit", "forward", "plan", "observe")
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recguide_hf.bench import save_run  # noqa: E402
-from recguide_hf.cli import load  # noqa: E402
-from recguide_hf.config import DecodingConfig  # noqa: E402
-from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
-from recguide_hf.models import as_backbone  # noqa: E402
-from recguide_hf.prompts import load_prompts  # noqa: E402
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.models.registry import as_backbone
+from recguide_hf.tools.bench import save_run
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_prompts
 
 SIGNALS = {"certainty": [0], "full": [1], "accepted": [2], "accepted_2": [2, 3], "certainty+accepted_2": [0, 2, 3]}
 

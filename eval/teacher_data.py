@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from measure_model import distinct4  # noqa: E402
+from measure_model import distinct4
 from tqdm import tqdm
-from train import load_tokens  # noqa: E402
+from train import load_tokens
 from transformers import AutoTokenizer, StaticCache
 
-from recguide_hf.modeling import RecGuideForCausalLM  # noqa: E402
+from recguide_hf.models.modeling import RecGuideForCausalLM
 
 
 def docstring_ends(arr: np.ndarray, tok, prompt_len: int, window: int = 64) -> np.ndarray:

@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import AutoTokenizer, DynamicCache
 
-from recguide_hf.modeling import RecGuideConfig, RecGuideForCausalLM, additive_mask  # noqa: E402
+from recguide_hf.core.masks import additive_mask
+from recguide_hf.models.modeling import RecGuideConfig, RecGuideForCausalLM
 
 MODEL_CONFIG = dict(  # ~12M parameters; sized so ~100 CPU minutes see a few epochs of the corpus
     hidden_size=320, intermediate_size=960, num_hidden_layers=8, num_attention_heads=5,

@@ -75,7 +75,7 @@ def policy_table(res: Path) -> str:
 def serving_results(res: Path) -> str:
     """The open-loop runs (`recguide bench --arrivals`, results in open_loop_*/) and the server's load test
     (eval/serve_load.py, serve_load.json), each with its command, as measured."""
-    from recguide_hf.openloop import describe, markdown_open, verdict
+    from recguide_hf.tools.openloop import describe, markdown_open, verdict
 
     parts = []
     for folder in sorted(res.glob("open_loop_*")):
@@ -142,7 +142,7 @@ def speed_sentence(bench: dict) -> str:
             + ", ".join(f"{best[c][1]:.2f}" for c in cs) + " (C=" + ", ".join(map(str, cs)) + ")"
             + (", below x0.97 at " + ", ".join(f"C={c} ({best[c][0]})" for c in behind) if behind else "")
             + ". ")
-    from recguide_hf.bench import HF_AR, parse_method
+    from recguide_hf.tools.bench import HF_AR, parse_method
 
     hf = {}  # HF's fastest autoregressive path at each C (plain, static cache, compiled, continuous batching)
     for c in cs:
@@ -180,7 +180,7 @@ def compile_note(bench: dict) -> str:
     """When compiling pays, from the latest bench: `recguide:compile=true` against eager `recguide` per C
     (`bench.compile_rows`), its warm-up (cold or warm compile cache, as the bench recorded it) and the tokens after
     which it is repaid."""
-    from recguide_hf.bench import compile_rows
+    from recguide_hf.tools.bench import compile_rows
 
     rows = compile_rows(bench)
     if not rows:
@@ -427,7 +427,7 @@ def engine_section(path: Path) -> list[str]:
 def virtual_section(path: Path) -> list[str]:
     """`recguide bench --virtual-costs`: RecGuide against plain AR and the best fixed LinearSS under a GPU cost
     table, labelled as the simulation it is."""
-    from recguide_hf.bench import parse_method
+    from recguide_hf.tools.bench import parse_method
 
     bench = json.loads(path.read_text())
     virtual = bench["settings"]["virtual_costs"]
@@ -488,7 +488,7 @@ def main():
         lines += virtual_section(virtual)
     rho = res / "rho" / "bench.json"
     if rho.exists():
-        from recguide_hf.bench import markdown_table
+        from recguide_hf.tools.bench import markdown_table
 
         r = json.loads(rho.read_text())
         lines += ["The cost weight rho of the adaptive policy, measured in one run "

@@ -297,7 +297,7 @@ def write_main_card(card: Path, runs: list[Path] | None):
     lines += limitations(card)
     lines += ["## Files", "",
               "* `custom_generate/` - RecGuide `generate` (shim over `recguide_hf.generate`) and its requirements",
-              "* `configuration_recguide.py`, `modeling_recguide.py` - shims over `recguide_hf.modeling`",
+              "* `configuration_recguide.py`, `modeling_recguide.py` - shims over `recguide_hf.models.modeling`",
               "* `draft_lora/` - the drafting adapter (a PEFT LoRA folder) and its training log and curve",
               "* `generation_config.json` - `recguide_*` decoding defaults",
               "* `cost_table.json` (`recguide profile`) and `value_table.json` (`recguide calibrate --signal "

@@ -7,7 +7,7 @@ import torch
 from transformers import GenerationConfig
 
 from recguide_hf import RecGuideConfig, RecGuideForCausalLM
-from recguide_hf.masks import build_mask, causal_intra, positions
+from recguide_hf.core.masks import build_mask, causal_intra, positions
 
 EOS, PAD, MASK = 1, 2, 3
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import torch
 
-from recguide_hf.backbone import Backbone
+from recguide_hf.models.hf_backbone import HFBackbone as Backbone
 
 MASK = 3
 EOS = 1

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from recguide_hf.cli import ASSISTANT, BUNDLED_MODEL, main
+from recguide_hf.tools.cli import ASSISTANT, BUNDLED_MODEL, main
 
 
 @pytest.mark.slow
@@ -32,7 +32,7 @@ def test_bench_quick(tmp_path, monkeypatch):
 def test_method_overrides_and_adaptive_table():
     from transformers import GenerationConfig
 
-    from recguide_hf.bench import _engine_config, adaptive_table, compiles, fastest_other_table, parse_method
+    from recguide_hf.tools.bench import _engine_config, adaptive_table, compiles, fastest_other_table, parse_method
 
     assert parse_method("linear-8") == ("linear", {"recguide_block_size": "8"})
     assert parse_method("recguide:rho=0,overlap=off") == ("recguide", {"recguide_rho": "0", "recguide_overlap": "off"})
@@ -76,7 +76,7 @@ def test_method_overrides_and_adaptive_table():
 def test_hf_autoregressive_peers_and_compile_table():
     """Issue 28's bar reads only HF's autoregressive paths (a faster LinearSS row is not one), shows a compiled
     peer's warm-up beside it, and the compile table says after how many tokens the warm-up is repaid."""
-    from recguide_hf.bench import HF_AR, compile_table, fastest_other_table
+    from recguide_hf.tools.bench import HF_AR, compile_table, fastest_other_table
 
     def row(m, c, tps, **extra):
         return {"method": m, "concurrency": c, "aggregate_tps": tps, "equal_to_ar": True, **extra}
@@ -102,7 +102,7 @@ def test_hf_assisted_rows_count_verifier_and_draft_forwards():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from recguide_hf.bench import run_hf, summarize
+    from recguide_hf.tools.bench import run_hf, summarize
 
     vocab = {f"t{i}": i for i in range(96)}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
@@ -149,8 +149,8 @@ def test_virtual_costs_curve_and_clock(tmp_path):
     of the forwards the engine ran, and recguide plans with the same prices."""
     from conftest import random_prompts, tiny_model
 
-    from recguide_hf.bench import VirtualCosts, run_engine
-    from recguide_hf.costs import CostTable
+    from recguide_hf.core.costs import CostTable
+    from recguide_hf.tools.bench import VirtualCosts, run_engine
 
     spec = tmp_path / "costs.json"
     rounds = {"1": {"8": 10.0}, "4": {"8": 20.0, "16": 60.0}}
@@ -204,7 +204,7 @@ def test_hf_fast_paths_equal_plain_greedy(monkeypatch):
     from conftest import random_prompts, tiny_model
     from transformers import CompileConfig
 
-    from recguide_hf import bench as bench_module
+    from recguide_hf.tools import bench as bench_module
 
     model = tiny_model(seed=4)
     prompts = [" ".join(map(str, p)) for p in random_prompts(5, 96, min_len=3, max_len=9, seed=2)]
@@ -243,7 +243,7 @@ def test_readme_compile_note_reads_the_bench(tmp_path, monkeypatch):
 
     from update_readme import compile_note
 
-    from recguide_hf import bench as bench_module
+    from recguide_hf.tools import bench as bench_module
 
     def row(m, c, tps, **extra):
         return {"method": m, "concurrency": c, "aggregate_tps": tps, "equal_to_ar": True, **extra}
@@ -272,7 +272,7 @@ def test_a_timed_pass_that_compiled_counts_as_warm_up(monkeypatch):
     seconds sit inside a timed figure (one did: 25 s in one verify call, x0.29 against eager at C = 4)."""
     from conftest import random_prompts, tiny_model
 
-    from recguide_hf import bench as bench_module
+    from recguide_hf.tools import bench as bench_module
 
     model = tiny_model(seed=4)
     prompts = [" ".join(map(str, p)) for p in random_prompts(3, 96, min_len=3, max_len=9, seed=2)]

@@ -2,8 +2,8 @@
 
 import torch
 
-from recguide_hf.cache import RowCache
-from recguide_hf.masks import build_mask, causal_intra, positions
+from recguide_hf.core.masks import build_mask, causal_intra, positions
+from recguide_hf.models.cache import RowCache
 
 
 def test_rollback_is_not_advancing():
@@ -63,7 +63,7 @@ def test_build_mask_brute_force():
 
 
 def test_length_groups_bound_the_padding():
-    from recguide_hf.cache import length_groups
+    from recguide_hf.core.masks import length_groups
 
     # longest first; 318 x 3 = 954 <= 1.25 x (318 + 300 + 149) = 958.75, a fourth row would pad past it
     assert length_groups([149, 318, 100, 300, 50, 60, 61, 10]) == [[1, 3, 0], [2, 6], [5, 4], [7]]
@@ -92,9 +92,9 @@ def _prefilled_engine(model, prompts, in_place: bool):
     """An engine whose rows hold `prompts` (prefilled), its cache reading subsets in place or gathering them."""
     from conftest import left_pad
 
-    from recguide_hf.config import DecodingConfig
-    from recguide_hf.engine import Engine, SamplingSettings
-    from recguide_hf.models import as_backbone
+    from recguide_hf.core.config import DecodingConfig
+    from recguide_hf.core.engine import Engine, SamplingSettings
+    from recguide_hf.models.registry import as_backbone
 
     ids, mask = left_pad(prompts)
     engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4), SamplingSettings(max_new_tokens=4))
@@ -111,7 +111,7 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
     copy of those rows, with no copy (it once cost a copy of their context per layer and forward)."""
     from conftest import assert_close_layouts, random_prompts, tiny_model
 
-    from recguide_hf import attention
+    from recguide_hf.models import attention
 
     model = tiny_model(seed=3)
     prompts = random_prompts(6, 96, min_len=2, max_len=12, seed=4)
@@ -145,7 +145,7 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
 def test_runs_end_where_rows_need_much_shorter_or_longer_keys():
     """Known answers for `attention.row_runs`: runs of consecutive slots, split again where a row's key width
     differs from its run's by more padding than one more attention call costs (`RUN_OVERHEAD` slots)."""
-    from recguide_hf import attention
+    from recguide_hf.models import attention
 
     o = attention.RUN_OVERHEAD
     assert attention.row_runs([0, 1, 2, 5], [10, 10, 10, 10]) == [(0, 0, 3, 10), (3, 5, 1, 10)]
@@ -163,7 +163,7 @@ def test_an_all_rows_forward_reads_each_run_only_as_far_as_it_needs(monkeypatch)
     and the logits match one SDPA call over every row's keys up to the longest."""
     from conftest import random_prompts, tiny_model
 
-    from recguide_hf import attention
+    from recguide_hf.models import attention
 
     model = tiny_model(seed=5)
     lengths = [60, 58, 3, 2, 40]
@@ -187,7 +187,7 @@ def test_the_runs_op_attends_as_the_traced_runs_do():
     checker accepts its fake (shape-only) implementation, which is what a compiled graph is built from."""
     from conftest import tiny_model
 
-    from recguide_hf import attention
+    from recguide_hf.models import attention
 
     model = tiny_model(seed=3)
     layer = next(m for m in model.modules() if hasattr(m, "layer_idx"))
@@ -217,7 +217,7 @@ def test_a_compiled_attention_reads_new_runs_without_a_new_graph():
     from conftest import tiny_model
     from torch._dynamo.utils import counters
 
-    from recguide_hf import attention
+    from recguide_hf.models import attention
 
     torch._dynamo.reset()
     model = tiny_model(seed=3)

@@ -7,7 +7,7 @@ import pytest
 
 CHECK = r'''
 import sys
-from recguide_hf.cli import main
+from recguide_hf.tools.cli import main
 try:
     main(sys.argv[1:])
 except SystemExit as stop:
@@ -39,8 +39,8 @@ def test_profile_writes_into_a_folder_it_makes(tmp_path):
 
     from conftest import tiny_model
 
-    from recguide_hf.cli import main
-    from recguide_hf.export import save_model_folder
+    from recguide_hf.models.export import save_model_folder
+    from recguide_hf.tools.cli import main
 
     save_model_folder(tiny_model(0), None, tmp_path / "model")
     out = tmp_path / "new" / "deeper" / "cost_table.json"

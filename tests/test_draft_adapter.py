@@ -6,16 +6,16 @@ from conftest import MASK, PAD, fused_forward, left_pad, random_prompts, tiny_mo
 
 pytest.importorskip("peft")
 
-import recguide_hf  # noqa: E402
-from recguide_hf.draft_adapter import (  # noqa: E402
+import recguide_hf
+from recguide_hf.models.draft_adapter import (
     ADAPTER_DIR,
     add_draft_adapter,
     input_groups,
     route,
     save_draft_adapter,
 )
-from recguide_hf.export import save_model_folder  # noqa: E402
-from recguide_hf.models import as_backbone  # noqa: E402
+from recguide_hf.models.export import save_model_folder
+from recguide_hf.models.registry import as_backbone
 
 TARGETS = ["q_proj", "o_proj", "down_proj"]
 EVERY_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # the bundled model's
@@ -129,7 +129,7 @@ def test_draft_forward_on_merged_weights_equals_the_hooks_and_restores_the_base(
     base weights are never touched, and after it the model's forward is the base model's again, bit for bit."""
     from transformers import AutoModelForCausalLM
 
-    from recguide_hf.draft_adapter import route
+    from recguide_hf.models.draft_adapter import route
 
     loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     before = {n: p.clone() for n, p in loaded.named_parameters()}

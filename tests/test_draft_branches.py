@@ -2,10 +2,10 @@
 
 import torch
 
-from recguide_hf import branches as br
-from recguide_hf.draft import DraftBlock, make_draft, risky_positions
-from recguide_hf.masks import causal_intra
-from recguide_hf.verify import Verdict
+from recguide_hf.core import branches as br
+from recguide_hf.core.draft import DraftBlock, make_draft, risky_positions
+from recguide_hf.core.masks import causal_intra
+from recguide_hf.core.verify import Verdict
 
 MASK, EOS = 3, 1
 
@@ -44,7 +44,7 @@ def test_keeps_earliest_two_of_three_risky():
 
 
 def _plan_one(positions, corrections, num_risky, eff=5, block=4, continuation=True):
-    from recguide_hf.draft import RiskyPositions
+    from recguide_hf.core.draft import RiskyPositions
 
     r = RiskyPositions(torch.tensor([positions]), torch.tensor([corrections]), torch.tensor([num_risky]))
     return br.plan(r, torch.tensor([eff]), block, continuation, MASK)

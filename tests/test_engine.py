@@ -9,12 +9,12 @@ from mock_backbone import MockBackbone
 from transformers import GenerationConfig, RepetitionPenaltyLogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 import recguide_hf
-from recguide_hf.config import DecodingConfig
-from recguide_hf.engine import Engine, SamplingSettings
-from recguide_hf.models import as_backbone
-from recguide_hf.policy import BlockPolicy
-from recguide_hf.processors import ScoreProcessor
-from recguide_hf.stopping import StopChecker
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.core.policy import BlockPolicy
+from recguide_hf.integrations.processors import ScoreProcessor
+from recguide_hf.integrations.stopping import StopChecker
+from recguide_hf.models.registry import as_backbone
 
 
 def hf_greedy(model, ids, mask, **kw):
@@ -51,7 +51,7 @@ def test_the_timing_seam_books_every_phase_and_changes_no_token(model):
     """`Engine(phases=PhaseClock())` books the engine clock's seconds per phase path: the admission with its
     prefill forwards, the plan, each speculative round's phases with their forwards apart (`verify/forward`), a
     plain step's; the paths' seconds add up to no more than the call's, and the tokens are the untimed engine's."""
-    from recguide_hf.phases import PhaseClock
+    from recguide_hf.core.phases import PhaseClock
 
     ids, mask = left_pad(random_prompts(3, 96, min_len=2, max_len=9, seed=2))
     cfg = DecodingConfig(mode="recguide", block_size=8)
@@ -157,7 +157,7 @@ def test_plain_steps_without_a_mask_when_rows_need_none(model):
             # itself) is run again with the explicit mask the engine would build
             if attention_mask is None and not logits_to_keep:
                 lengths = cache.lengths[cache._binding.rows.cpu()]
-                from recguide_hf.masks import build_mask, causal_intra
+                from recguide_hf.core.masks import build_mask, causal_intra
                 full = build_mask(lengths, torch.zeros_like(lengths), causal_intra(len(lengths), 1),
                                   cache._binding.kv_len)
                 seen.append((logits - super().forward(input_ids, position_ids, full, cache)).abs().max().item())
@@ -349,7 +349,7 @@ def test_streams_layout_equals_fused(model):
     assert results[0] == results[1]
     ids, mask = left_pad(random_prompts(3, 96, seed=13))
     ref = hf_greedy(model, ids, mask, max_new_tokens=14)
-    engine = Engine(recguide_hf.backbone.Backbone(model), DecodingConfig(block_size=5),
+    engine = Engine(recguide_hf.models.hf_backbone.HFBackbone(model), DecodingConfig(block_size=5),
                     SamplingSettings(max_new_tokens=14, eos_token_ids=[EOS], pad_token_id=2))
     engine.split_streams = True
     seq, _ = engine.generate(ids, mask)
@@ -359,7 +359,7 @@ def test_streams_layout_equals_fused(model):
 def test_streams_fall_back_on_cpu_with_one_warning(model):
     import warnings
 
-    from recguide_hf import engine as engine_module
+    from recguide_hf.core import engine as engine_module
 
     engine_module._WARNED.clear()
     ids = torch.tensor([[5, 6, 7]])
@@ -374,7 +374,7 @@ def test_streams_fall_back_on_cpu_with_one_warning(model):
 def test_slot_reuse_matches_running_alone(model):
     """Continuous batching: 7 requests through 3 slots give each request its solo greedy output."""
     prompts = random_prompts(7, 96, min_len=1, max_len=18, seed=21)
-    engine = Engine(recguide_hf.backbone.Backbone(model), DecodingConfig(block_size=4),
+    engine = Engine(recguide_hf.models.hf_backbone.HFBackbone(model), DecodingConfig(block_size=4),
                     SamplingSettings(max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=2))
     records = engine.serve(prompts, slots=3)
     for prompt, rec in zip(prompts, records):
@@ -388,7 +388,7 @@ def test_slot_reuse_matches_running_alone(model):
 def test_prefill_in_length_groups_fills_the_cache_as_one_forward(model, monkeypatch):
     """Prompts of different lengths are prefilled in length-sorted groups; the committed cache equals the
     one padded forward's, to float rounding, and decoding stays HF greedy."""
-    import recguide_hf.engine as engine_module
+    import recguide_hf.core.engine as engine_module
 
     prompts = random_prompts(6, 96, min_len=1, max_len=30, seed=4)
     ids, mask = left_pad(prompts)
@@ -450,7 +450,7 @@ def test_compiled_serving_stays_compiled():
     each kind's graphs few (compiled.py). The forwards read the cache's rows in runs through one op (attention.py)."""
     import torch._dynamo
 
-    from recguide_hf import attention
+    from recguide_hf.models import attention
 
     torch._dynamo.reset()
     model = tiny_model(seed=5)

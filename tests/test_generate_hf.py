@@ -6,9 +6,9 @@ from conftest import left_pad, random_prompts, tiny_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import recguide_hf
-from recguide_hf.config import DecodingConfig
-from recguide_hf.export import save_model_folder
-from recguide_hf.hf_assist import EntropyRecorder, assisted_generate
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.integrations.hf_assist import EntropyRecorder, assisted_generate
+from recguide_hf.models.export import save_model_folder
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_first_call_logs_one_info_line(folder, caplog):
     """lm-eval's stock backend shows no sign of RecGuide otherwise: the `recguide_hf` logger says it at INFO."""
     import importlib
 
-    gen_module = importlib.import_module("recguide_hf.generate")  # the package exports the function by that name
+    gen_module = importlib.import_module("recguide_hf.integrations.generate")
     gen_module._RUN = gen_module._RunLog()  # as in a fresh process
     with caplog.at_level("INFO", logger="recguide_hf"):
         stats_of(folder)
@@ -132,7 +132,7 @@ def test_an_lm_eval_run_says_which_decoding_ran(folder, caplog, monkeypatch):
     import logging
     import sys
 
-    gen_module = importlib.import_module("recguide_hf.generate")
+    gen_module = importlib.import_module("recguide_hf.integrations.generate")
     monkeypatch.setattr(gen_module, "_RUN", gen_module._RunLog())
     monkeypatch.setitem(sys.modules, "lm_eval", sys.modules.get("lm_eval") or object())
     monkeypatch.setattr(logging.getLogger("recguide_hf"), "level", logging.WARNING)

@@ -108,7 +108,7 @@ print(json.dumps({{
 
 
 def test_backend_summary_matches_acceptance_definitions():
-    from recguide_hf.lm_eval_backend import summarize
+    from recguide_hf.integrations.lm_eval_backend import summarize
 
     per_request = [
         {"new_tokens": 8, "forwards": 2, "rounds": 2, "accepted_drafts": 6, "drafted": 14, "branch_rounds": 2,
@@ -129,7 +129,7 @@ def _tiny_folder(directory: Path) -> Path:
     from transformers import AutoTokenizer
 
     from recguide_hf import RecGuideConfig, RecGuideForCausalLM
-    from recguide_hf.export import save_model_folder
+    from recguide_hf.models.export import save_model_folder
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     torch.manual_seed(0)
@@ -150,7 +150,7 @@ def test_tiny_lm_eval_run_ar_and_recguide_agree(tmp_path):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import recguide_hf.lm_eval_backend  # noqa: F401  (registers --model recguide)
+    import recguide_hf.integrations.lm_eval_backend  # noqa: F401  (registers --model recguide)
 
     folder = _tiny_folder(tmp_path / "tiny")
     manager = TaskManager(include_path=str(TASKS))
@@ -178,7 +178,8 @@ def test_data_parallel_two_cpu_processes(tmp_path):
     env = {**os.environ, **OFFLINE, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
-           "-m", "recguide_hf.lm_eval_backend", "--model", "recguide", "--model_args", f"pretrained={folder}",
+           "-m", "recguide_hf.integrations.lm_eval_backend", "--model", "recguide",
+           "--model_args", f"pretrained={folder}",
            "--device", "cpu", "--include_path", str(TASKS), "--tasks", "recguide_shakespeare_nextline",
            "--limit", "4", "--batch_size", "2", "--log_samples", "--output_path", str(tmp_path / "out")]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -8,8 +8,8 @@ from conftest import MASK, tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from recguide_hf import BUNDLED_MODEL
-from recguide_hf.cache import RowCache
-from recguide_hf.export import save_model_folder
+from recguide_hf.models.cache import RowCache
+from recguide_hf.models.export import save_model_folder
 
 BUNDLED = str(BUNDLED_MODEL)
 

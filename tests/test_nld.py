@@ -7,14 +7,14 @@ import torch
 
 pytest.importorskip("peft")
 
-from conftest import assert_close_layouts, fused_forward, left_pad, random_prompts  # noqa: E402
+from conftest import assert_close_layouts, fused_forward, left_pad, random_prompts
 
-import recguide_hf  # noqa: E402
-from recguide_hf.config import DecodingConfig  # noqa: E402
-from recguide_hf.engine import Engine, SamplingSettings  # noqa: E402
-from recguide_hf.models import as_backbone  # noqa: E402
-from recguide_hf.nld import NLDBackbone  # noqa: E402
-from recguide_hf.testing.nld_standin import (  # noqa: E402
+import recguide_hf
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.models.nld import NLDBackbone
+from recguide_hf.models.registry import as_backbone
+from recguide_hf.testing.nld_standin import (
     EOS,
     LLAMA4_THRESHOLD,
     MASK,
@@ -241,7 +241,7 @@ def test_model_folder_and_cli(tmp_path, capsys):
     from peft import PeftModel
     from transformers import AutoModel, AutoTokenizer
 
-    from recguide_hf.cli import main
+    from recguide_hf.tools.cli import main
 
     path = write_standin_folder(tmp_path / "nld", seed=0)
     loaded = AutoModel.from_pretrained(path, trust_remote_code=True).eval()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recguide_hf.cli import BUNDLED_MODEL
+from recguide_hf.tools.cli import BUNDLED_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,10 +40,10 @@ except OSError:
 assert attempts and attempts[0].endswith(" 192.0.2.1"), attempts
 attempts.clear()
 
-from recguide_hf.prompts import load_prompts
+from recguide_hf.tools.prompts import load_prompts
 for name in ("humaneval", "prose", "code"):
     assert load_prompts(name, 2)
-from recguide_hf.cli import main
+from recguide_hf.tools.cli import main
 assert main(["generate", "--prompt", "def f(x):", "--max-new-tokens", "8"]) == 0
 assert main(["bench", "--methods", "ar", "linear-4", "recguide", "--concurrency", "1", "--max-new-tokens", "8",
              "--repeats", "1", "--min-prompts", "2", "--prompts-per-slot", "1", "--out", sys.argv[1]]) == 0

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import EOS, PAD, random_prompts, tiny_model
 
-from recguide_hf.bench import VirtualCosts
-from recguide_hf.openloop import (
+from recguide_hf.tools.bench import VirtualCosts
+from recguide_hf.tools.openloop import (
     Timed,
     bursty_rate,
     bursty_trace,

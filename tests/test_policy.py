@@ -8,12 +8,12 @@ import torch
 from conftest import EOS, PAD, left_pad, random_prompts
 from mock_backbone import MockBackbone
 
-from recguide_hf.calibrate import Round, ValueTable, fit
-from recguide_hf.config import DecodingConfig
-from recguide_hf.costs import CostTable
-from recguide_hf.engine import Engine, SamplingSettings, verifier_entropy
-from recguide_hf.models import as_backbone
-from recguide_hf.policy import BlockPolicy, RoundOutcome
+from recguide_hf.core.calibrate import Round, ValueTable, fit
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.costs import CostTable
+from recguide_hf.core.engine import Engine, SamplingSettings, verifier_entropy
+from recguide_hf.core.policy import BlockPolicy, RoundOutcome
+from recguide_hf.models.registry import as_backbone
 
 
 def test_entropy_over_causally_valid_positions_only():
@@ -155,8 +155,8 @@ def test_the_engine_work_of_a_round_is_priced_too():
 def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
     """The profiler's engine-work timer runs real engine rounds over a forward that costs nothing and rejects
     every draft: one token per round, so the slope between two run lengths is seconds per round."""
-    from recguide_hf.models import as_backbone
-    from recguide_hf.profile import _FreeForward, _host_timer
+    from recguide_hf.models.registry import as_backbone
+    from recguide_hf.tools.profile import _FreeForward, _host_timer
 
     bb = as_backbone(model)
     free = _FreeForward(bb, 3, 8)
@@ -164,7 +164,7 @@ def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
     out, stats = engine.generate(torch.full((3, 5), 4))
     assert stats.as_dict()["rounds"] == 27 and stats.as_dict()["accepted_drafts"] == 0
     assert out[:, 5:].unique().numel() == 1  # every round emits the verifier's token at place 0
-    import recguide_hf.engine as engine_module
+    import recguide_hf.core.engine as engine_module
 
     calls = []
     monkeypatch.setattr(engine_module, "verifier_entropy",
@@ -176,7 +176,7 @@ def test_host_time_is_measured_over_free_forwards(model, monkeypatch):
 
 
 def test_profile_table_has_every_part_of_a_round(model):
-    from recguide_hf.profile import profile_costs
+    from recguide_hf.tools.profile import profile_costs
 
     table = profile_costs(model, concurrencies=(1, 2), block_sizes=(1, 4), prefix_len=16, repeats=1)
     costs = CostTable(table)
@@ -395,7 +395,7 @@ def test_plan_is_the_best_of_the_weighed_plans():
 def test_profile_times_block_sizes_in_turn(model, monkeypatch):
     """Within one C each pass times every part of every block size once, so a slow spell of the machine
     lands on all block sizes alike; each part keeps the median of its passes after the warm-up pass."""
-    import recguide_hf.profile as profile
+    import recguide_hf.tools.profile as profile
 
     calls, fake = [], {}
 
@@ -601,7 +601,7 @@ def test_accepted_signal_fit_known_answer():
     """s_t from recent verification outcomes: requests that keep accepting 20 drafts and requests that accept
     2 have the SAME entropy here, so only the accepted signal tells them apart. A round's previous outcomes
     are read as a round at the state's block would have seen them (censored at B' - 1); 0 after a plain step."""
-    from recguide_hf.calibrate import accepted_signal
+    from recguide_hf.core.calibrate import accepted_signal
 
     n1, n2 = torch.tensor([20.0, 20.0, 5.0, 3.0, float("nan")]), torch.tensor([2.0, 20.0, 5.0, float("nan"), 1.0])
     s = accepted_signal(n1, n2, torch.tensor([8, 32, 1, 8, 8]))

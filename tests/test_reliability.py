@@ -112,9 +112,9 @@ def test_repeated_calls_do_not_grow_memory(model):
 
 
 def test_cache_is_bounded():
-    from recguide_hf.backbone import Backbone
-    from recguide_hf.config import DecodingConfig
-    from recguide_hf.engine import Engine, SamplingSettings
+    from recguide_hf.core.config import DecodingConfig
+    from recguide_hf.core.engine import Engine, SamplingSettings
+    from recguide_hf.models.hf_backbone import HFBackbone as Backbone
 
     model = tiny_model(seed=1)
     ids, mask = left_pad([[5, 6, 7, 8, 9, 10], [11]])
@@ -128,9 +128,9 @@ def test_cache_is_bounded():
 
 @pytest.mark.slow
 def test_long_generation_constant_round_cost():
-    from recguide_hf.backbone import Backbone
-    from recguide_hf.config import DecodingConfig
-    from recguide_hf.engine import Engine, SamplingSettings
+    from recguide_hf.core.config import DecodingConfig
+    from recguide_hf.core.engine import Engine, SamplingSettings
+    from recguide_hf.models.hf_backbone import HFBackbone as Backbone
 
     model = tiny_model(seed=2)
     model.config.max_position_embeddings = 4096

@@ -11,10 +11,10 @@ from transformers.generation.streamers import BaseStreamer
 
 import recguide_hf
 from recguide_hf import BUNDLED_MODEL
-from recguide_hf.backbone import Backbone
-from recguide_hf.config import DecodingConfig
-from recguide_hf.engine import Engine, SamplingSettings
-from recguide_hf.export import save_model_folder
+from recguide_hf.core.config import DecodingConfig
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.models.export import save_model_folder
+from recguide_hf.models.hf_backbone import HFBackbone as Backbone
 
 
 class Recorder(BaseStreamer):

@@ -4,10 +4,10 @@
 import pytest
 import torch
 from measure_model import distinct4
-from teacher_data import loop_start  # noqa: E402
-from train import draft_blocks  # noqa: E402
+from teacher_data import loop_start
+from train import draft_blocks
 
-from recguide_hf import BUNDLED_MODEL  # noqa: E402
+from recguide_hf import BUNDLED_MODEL
 
 MASK = 3
 

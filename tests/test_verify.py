@@ -2,7 +2,7 @@
 
 import torch
 
-from recguide_hf.verify import greedy_verify, sampling_verify
+from recguide_hf.core.verify import greedy_verify, sampling_verify
 
 
 def test_greedy_accepts_matching_prefix_only():

@@ -63,10 +63,10 @@ def test_the_installed_wheel_runs_from_another_folder(wheel, tmp_path):
     where = run("-c", "import recguide_hf; print(recguide_hf.__file__, recguide_hf.BUNDLED_MODEL)")
     assert where.returncode == 0, where.stderr
     assert str(env_dir) in where.stdout and str(ROOT) not in where.stdout, where.stdout
-    gen = run("-m", "recguide_hf.cli", "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "16")
+    gen = run("-m", "recguide_hf", "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "16")
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert gen.stdout.startswith("def add(a, b):") and "tokens/s" in gen.stdout
-    bench = run("-m", "recguide_hf.cli", "bench", "--quick", "--methods", "ar", "linear-4", "--concurrency", "1",
+    bench = run("-m", "recguide_hf", "bench", "--quick", "--methods", "ar", "linear-4", "--concurrency", "1",
                 "--out", str(tmp_path / "bench"))
     assert bench.returncode == 0, bench.stderr[-2000:]
     assert (tmp_path / "bench" / "bench.json").exists()

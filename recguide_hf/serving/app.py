@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine import Emission
+from ..core.engine import Emission
 from .worker import EngineWorker, Overloaded, Sampling
 
 

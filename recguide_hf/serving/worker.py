@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-from ..config import DecodingConfig
-from ..engine import Emission, Engine, SamplingSettings
-from ..models import as_backbone
-from ..policy import OnlinePrices
-from ..processors import ScoreProcessor
+from ..core.config import DecodingConfig
+from ..core.engine import Emission, Engine, SamplingSettings
+from ..core.policy import OnlinePrices
+from ..integrations.processors import ScoreProcessor
+from ..models.registry import as_backbone
 from .metrics import Metrics
 
 

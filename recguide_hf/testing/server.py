@@ -21,7 +21,7 @@ def start_server(args: list[str], timeout: float = 180, env: dict | None = None)
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "recguide_hf.cli", "serve", *args, "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "recguide_hf", "serve", *args, "--port", str(port)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

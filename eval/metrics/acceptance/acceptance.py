@@ -1,7 +1,8 @@
 """Acceptance: tau, TPF and draft acceptance from RecGuide's per-request `recguide_stats`.
 
 Load offline from the repository: `evaluate.load("eval/metrics/acceptance")`. Field definitions are those of
-recguide_hf/stats.py (`output.recguide_stats["per_request"]` from `model.generate(..., return_dict_in_generate=True)`).
+recguide_hf/core/stats.py (`output.recguide_stats["per_request"]` from
+`model.generate(..., return_dict_in_generate=True)`).
 """
 
 from __future__ import annotations

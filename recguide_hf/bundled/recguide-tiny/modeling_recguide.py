@@ -1,3 +1,3 @@
 """Remote-code shim: the model class lives in the installed `recguide_hf` package."""
 
-from recguide_hf.modeling import RecGuideConfig, RecGuideForCausalLM  # noqa: F401
+from recguide_hf import RecGuideConfig, RecGuideForCausalLM  # noqa: F401

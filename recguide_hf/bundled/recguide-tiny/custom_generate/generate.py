@@ -3,4 +3,4 @@
 All `recguide_*` settings (see generation_config.json) can be passed per call; recguide_mode='ar'
 gives plain Hugging Face generation."""
 
-from recguide_hf.generate import generate  # noqa: F401
+from recguide_hf import generate  # noqa: F401

@@ -5,8 +5,8 @@ are `diffusion_head(encoder(...).last_hidden_state)`. NLD switches attention mod
 `layer.self_attn.diffusion_lm`; here every flag stays False and both modes come from the explicit 4D mask
 the engine passes, so one forward can mix verifier (causal) and draft (bidirectional block) tokens.
 
-NLD-8B drafts with a PEFT LoRA adapter (on `o_proj`); `Backbone.forward` routes it per token
-(recguide_hf/draft_adapter.py), so verifier tokens get exactly the base weights' output.
+NLD-8B drafts with a PEFT LoRA adapter (on `o_proj`); `HFBackbone.forward` routes it per token
+(recguide_hf/models/draft_adapter.py), so verifier tokens get exactly the base weights' output.
 
 How NLD's published encoder must be called (issue 30; `recguide_hf/testing/nld_standin_modeling.py` behaves the same
 way):
@@ -30,9 +30,9 @@ import sys
 
 import torch
 
-from .backbone import Backbone
 from .cache import RowCache
 from .draft_adapter import find_adapter
+from .hf_backbone import HFBackbone
 
 
 def bridge_mask_builders(module) -> None:
@@ -58,7 +58,7 @@ def is_nld_model(model) -> bool:
     return hasattr(model, "encoder") and hasattr(model, "diffusion_head")
 
 
-class NLDBackbone(Backbone):
+class NLDBackbone(HFBackbone):
     """The engine's interface to an NLD-style model (or a PEFT `PeftModel` wrapping one).
 
     Args:

@@ -31,9 +31,9 @@ import statistics
 import time
 from pathlib import Path
 
+from ..core.engine import Engine, SamplingSettings
+from ..models.registry import as_backbone
 from .bench import VirtualCosts, _engine_config, _strip, cb_settings, parse_method
-from .engine import Engine, SamplingSettings
-from .models import as_backbone
 
 
 # ---------------------------------------------------------------- traces

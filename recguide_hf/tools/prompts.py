@@ -13,7 +13,7 @@ import gzip
 import json
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "bundled" / "prompts"
+DATA = Path(__file__).resolve().parents[1] / "bundled" / "prompts"
 
 
 def humaneval_path() -> str:

@@ -1,12 +1,13 @@
 """Which backbone adapter drives a model: the one place that knows every adapter class.
 
-The forward layer is `backbone.Backbone` (any HF causal LM trained for block drafting with a mask token) and its
-subclasses (`nld.NLDBackbone`); the engine, the profiler and the bench talk only to a `Backbone` this picks.
+The engine talks to a `core.backbone.Backbone`; over transformers models that is `hf_backbone.HFBackbone` (any HF
+causal LM trained for block drafting with a mask token) or one of its subclasses (`nld.NLDBackbone`).
 """
 
 from __future__ import annotations
 
-from .backbone import Backbone
+from ..core.backbone import Backbone
+from .hf_backbone import HFBackbone
 from .nld import NLDBackbone, is_nld_model
 
 
@@ -16,4 +17,4 @@ def as_backbone(model) -> Backbone:
         return model
     if is_nld_model(model):
         return NLDBackbone(model)
-    return Backbone(model)
+    return HFBackbone(model)

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import BUNDLED_MODEL
-from .config import BLOCK_SIZES, MAX_BLOCK, MIN_BLOCK
+from .. import BUNDLED_MODEL
+from ..core.config import BLOCK_SIZES, MAX_BLOCK, MIN_BLOCK
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -188,7 +188,7 @@ def _output_file(out: str | None, model: str | None, name: str) -> Path:
 def cmd_profile(args) -> int:
     from tqdm import tqdm
 
-    from .costs import compiled_table
+    from ..core.costs import compiled_table
     from .profile import profile_costs
 
     name = "cost_table.json"
@@ -212,10 +212,10 @@ def cmd_profile(args) -> int:
 def cmd_calibrate(args) -> int:
     from tqdm import tqdm
 
-    from .calibrate import Round, fit
-    from .config import DecodingConfig
-    from .engine import Engine, SamplingSettings
-    from .models import as_backbone
+    from ..core.calibrate import Round, fit
+    from ..core.config import DecodingConfig
+    from ..core.engine import Engine, SamplingSettings
+    from ..models.registry import as_backbone
 
     out = _output_file(args.out, args.model, "value_table.json")
     tokenizer, model = load(args.model, "fp32", args.device)
@@ -337,8 +337,8 @@ def check_serve(args, parser) -> None:
 def cmd_serve(args) -> int:
     import uvicorn
 
-    from .serving.app import ServerLimits, build_app
-    from .serving.worker import EngineWorker, WorkerLimits
+    from ..serving.app import ServerLimits, build_app
+    from ..serving.worker import EngineWorker, WorkerLimits
 
     folder = Path(args.model) if args.model else BUNDLED_MODEL
     tokenizer, model = load(args.model, args.dtype, args.device)
@@ -366,7 +366,7 @@ OPEN_VIRTUAL_METHODS = ("linear-1", "linear-4", "linear-8", "linear-16", "linear
 
 
 def bench_open_loop(args, out: Path) -> int:
-    """`recguide bench --arrivals SPEC`: every method on the same seeded arrivals (recguide_hf/openloop.py)."""
+    """`recguide bench --arrivals SPEC`: every method on the same seeded arrivals (recguide_hf/tools/openloop.py)."""
     from tqdm import tqdm
 
     from .bench import VirtualCosts, environment
@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="the concurrency frontier: all methods, one run, interleaved")
     b.add_argument("--model", default=None)
-    b.add_argument("--methods", nargs="+", default=None, help="default: all (see `recguide_hf/bench.py`)")
+    b.add_argument("--methods", nargs="+", default=None, help="default: all (see `recguide_hf/tools/bench.py`)")
     b.add_argument("--assistant", default=str(ASSISTANT),
                    help=f"draft model folder for hf-assisted (default: {ASSISTANT}, in a source checkout)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu")
     b.add_argument("--arrivals", default=None, metavar="SPEC",
                    help="an open loop: requests arrive by a seeded trace, poisson:RATE,N or bursty:LOW,HIGH,SECONDS "
-                        "(rates per second), every method on the same arrivals (recguide_hf/openloop.py)")
+                        "(rates per second), every method on the same arrivals (recguide_hf/tools/openloop.py)")
     b.add_argument("--slots", type=int, default=64, help="--arrivals: rows decoding at once; later arrivals wait")
     b.add_argument("--pool", type=int, default=32, help="--arrivals: distinct prompts the requests cycle through")
     b.add_argument("--seed", type=int, default=0, help="--arrivals: the trace's seed")

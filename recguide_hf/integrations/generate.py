@@ -29,12 +29,12 @@ from transformers import (
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .config import DecodingConfig
-from .engine import Engine, SamplingSettings
-from .models import as_backbone
-from .policy import OnlinePrices
+from ..core.config import DecodingConfig
+from ..core.engine import Engine, SamplingSettings
+from ..core.policy import OnlinePrices
+from ..core.stats import branch_status
+from ..models.registry import as_backbone
 from .processors import ScoreProcessor
-from .stats import branch_status
 from .stopping import StopChecker
 
 logger = logging.getLogger("recguide_hf")

@@ -33,11 +33,11 @@ from functools import partial
 
 import torch
 
-from .compiled import CompiledForward
-from .config import BLOCK_SIZES, DecodingConfig
-from .engine import Engine, SamplingSettings
-from .masks import block_intra, build_mask, causal_intra, positions
-from .models import as_backbone
+from ..core.compiled import CompiledForward
+from ..core.config import BLOCK_SIZES, DecodingConfig
+from ..core.engine import Engine, SamplingSettings
+from ..core.masks import block_intra, build_mask, causal_intra, positions
+from ..models.registry import as_backbone
 
 
 def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = None, forward=None):

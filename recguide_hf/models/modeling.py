@@ -11,7 +11,7 @@ The class adds nothing to the forward of `Qwen3ForCausalLM` (both `cache` and th
 `past_key_values` are accepted, on every supported transformers version; `logits_to_keep` is honoured, and any
 `Cache` subclass works since attention only calls `cache.update`); it carries `mask_token_id` and a default
 block size in its config.
-A folder may carry a drafting adapter in `draft_lora/` (recguide_hf/draft_adapter.py): `from_pretrained`
+A folder may carry a drafting adapter in `draft_lora/` (recguide_hf/models/draft_adapter.py): `from_pretrained`
 attaches it, disabled for plain forwards, so only the engine's draft tokens ever see it.
 """
 
@@ -23,6 +23,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import cached_file
 
+from ..core.masks import additive_mask
 from .compat import CACHE_KW
 from .draft_adapter import ADAPTER_DIR, attach_draft_adapter
 
@@ -94,17 +95,6 @@ class RecGuideForCausalLM(Qwen3ForCausalLM):
         if keep_cache and hasattr(cache, "crop") and cache.get_seq_length() == prefix_len + block:
             cache.crop(-block)
         return logits
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Turn a boolean "may attend" mask into the additive float mask HF attention expects.
-
-    Disallowed entries get the dtype's most negative finite value rather than -inf, so a row that sees
-    nothing (a padding query) gives a uniform average instead of NaN.
-    """
-    # [R, 1, Q, K] -> same shape, 0.0 where allowed
-    zeros = torch.zeros((), dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zeros, torch.finfo(dtype).min)
 
 
 def block_draft_mask(prefix_len: int, block_size: int, device=None) -> torch.Tensor:

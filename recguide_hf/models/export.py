@@ -14,17 +14,17 @@ from transformers import GenerationConfig
 SHIMS = {
     "configuration_recguide.py": (
         '"""Remote-code shim: the config class lives in the installed `recguide_hf` package."""\n\n'
-        "from recguide_hf.modeling import RecGuideConfig  # noqa: F401\n"
+        "from recguide_hf import RecGuideConfig  # noqa: F401\n"
     ),
     "modeling_recguide.py": (
         '"""Remote-code shim: the model class lives in the installed `recguide_hf` package."""\n\n'
-        "from recguide_hf.modeling import RecGuideConfig, RecGuideForCausalLM  # noqa: F401\n"
+        "from recguide_hf import RecGuideConfig, RecGuideForCausalLM  # noqa: F401\n"
     ),
     "custom_generate/generate.py": (
         '"""`model.generate` for this folder (loaded with trust_remote_code=True): RecGuide decoding.\n\n'
         "All `recguide_*` settings (see generation_config.json) can be passed per call; recguide_mode='ar'\n"
         'gives plain Hugging Face generation."""\n\n'
-        "from recguide_hf.generate import generate  # noqa: F401\n"
+        "from recguide_hf import generate  # noqa: F401\n"
     ),
     "custom_generate/requirements.txt": "recguide-hf\npeft\n",
 }
@@ -58,7 +58,7 @@ def save_model_folder(model, tokenizer, directory: str | Path, **recguide_settin
     model.config.auto_map = dict(AUTO_MAP)
     model.generation_config = default_generation_config(model.config, **recguide_settings)
     # Loading any folder with trust_remote_code registers the PACKAGE's classes for an auto class (the shims
-    # import them); save_pretrained would then copy recguide_hf/modeling.py into the folder as a twin and point
+    # import them); save_pretrained would then copy recguide_hf/models/modeling.py into the folder as a twin and point
     # auto_map at it (seen under transformers 5.0). The shims below are the folder's code: no copy.
     model._auto_class = model.config._auto_class = None
     try:

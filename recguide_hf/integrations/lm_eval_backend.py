@@ -14,16 +14,19 @@ things, and on CPU a third:
 3. Data parallel on CPU processes: HFLM splits the requests among `accelerate launch` processes only when it
    counts more than one GPU; CPU processes all stay rank 0 of 1 and each evaluates every request. This class
    gives them their real rank and world size (launch with `ACCELERATE_USE_CPU=true accelerate launch --multi_gpu
-   --num_processes 2 -m recguide_hf.lm_eval_backend ...`; `accelerate launch --cpu` starts one process only).
+   --num_processes 2 -m recguide_hf.integrations.lm_eval_backend ...`; `accelerate launch --cpu` starts one
+   process only).
 
 lm-eval 0.4.13 has no plugin entry points, so this module must be imported before lm-eval resolves the model
 name. Either run the CLI through it:
 
-    python -m recguide_hf.lm_eval_backend --model recguide --model_args pretrained=recguide_hf/bundled/recguide-tiny \\
-        --device cpu --include_path eval/tasks --tasks recguide_local --gen_kwargs recguide_mode=recguide
+    python -m recguide_hf.integrations.lm_eval_backend --model recguide \\
+        --model_args pretrained=recguide_hf/bundled/recguide-tiny --device cpu \\
+        --include_path eval/tasks --tasks recguide_local --gen_kwargs recguide_mode=recguide
 
-or import it before calling the API: `import recguide_hf.lm_eval_backend; lm_eval.simple_evaluate(model="recguide",
-...)`. `trust_remote_code` defaults to True here (the folder's code files are shims into this package).
+or import it before calling the API: `import recguide_hf.integrations.lm_eval_backend;
+lm_eval.simple_evaluate(model="recguide", ...)`. `trust_remote_code` defaults to True here (the folder's code
+files are shims into this package).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import BUNDLED_MODEL
+from .. import BUNDLED_MODEL
 
 DEFAULT_MODEL = str(BUNDLED_MODEL)
 POOLED = ("new_tokens", "forwards", "rounds", "query_tokens", "accepted_drafts", "drafted", "branch_rounds",

@@ -5,13 +5,40 @@ Every forward has the same shape: each row r has a committed prefix in cache slo
 What a query sees among the new tokens is a per-row boolean `[Q, Q]` pattern ("intra" mask): causal for
 verification, all-to-all for a draft block, a tree for fused verify + branch segments. Every query always
 sees the whole committed prefix and itself.
+
+Rows of different lengths share one padded forward in groups (`length_groups`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .modeling import additive_mask
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Turn a boolean "may attend" mask into the additive float mask HF attention expects.
+
+    Disallowed entries get the dtype's most negative finite value rather than -inf, so a row that sees
+    nothing (a padding query) gives a uniform average instead of NaN.
+    """
+    # [R, 1, Q, K] -> same shape, 0.0 where allowed
+    zeros = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zeros, torch.finfo(dtype).min)
+
+
+def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
+    """Indices into `lengths` grouped for padded forwards: sorted longest first, a group grows while its
+    padded size (rows x its longest) stays within `1 + waste` times its real tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    real = 0
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + waste) * (real + lengths[i]):
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
 
 
 def causal_intra(num_rows: int, query_len: int, device=None) -> torch.Tensor:

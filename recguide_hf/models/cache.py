@@ -36,22 +36,6 @@ class Binding:
     in_runs: bool = False
 
 
-def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
-    """Indices into `lengths` grouped for padded forwards: sorted longest first, a group grows while its
-    padded size (rows x its longest) stays within `1 + waste` times its real tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    real = 0
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + waste) * (real + lengths[i]):
-            groups[-1].append(i)
-            real += lengths[i]
-        else:
-            groups.append([i])
-            real = lengths[i]
-    return groups
-
-
 class RowCache(Cache):
     """Preallocated per-layer key/value buffers `[rows, kv_heads, capacity, head_dim]`.
 

@@ -31,16 +31,14 @@ import torch
 
 from . import branches as br
 from .backbone import Backbone
-from .cache import length_groups
 from .compiled import CompiledForward
 from .config import DecodingConfig
 from .draft import DraftBlock, make_draft, risky_positions
-from .masks import block_intra, build_mask, causal_intra, positions
+from .hooks import NoStopping, VerifierScores
+from .masks import block_intra, build_mask, causal_intra, length_groups, positions
 from .phases import Phases
 from .policy import BlockPolicy, RoundOutcome
-from .processors import ScoreProcessor
 from .stats import Stats
-from .stopping import StopChecker
 from .verify import greedy_verify, sampling_verify
 
 
@@ -69,11 +67,11 @@ class Engine:
     """Decode a batch of requests with LinearSS or RecGuide.
 
     Args:
-        backbone: the shared-backbone adapter (backbone.py).
+        backbone: the shared-backbone adapter (backbone.py; implementations in `recguide_hf.models`).
         config: decoding options (config.py).
         settings: lengths, special tokens and sampling switch.
-        processor: applies the user's logits processors to verifier logits (processors.py).
-        stopper: the user's stopping criteria (stopping.py).
+        processor: verifier logits -> scores (hooks.py; the user's HF logits processors: integrations/processors.py).
+        stopper: stopping rules beyond EOS and max_new_tokens (hooks.py; HF criteria: integrations/stopping.py).
         policy: the block-size scheduler (policy.py); default: from the config's tables, with `prices` (the
             online correction of the cost table, kept by the caller across calls; default: a fresh one).
         clock: seconds, for round timing and latencies (a simulation passes its own; default: the wall clock).
@@ -82,13 +80,13 @@ class Engine:
     """
 
     def __init__(self, backbone: Backbone, config: DecodingConfig, settings: SamplingSettings,
-                 processor: ScoreProcessor | None = None, stopper: StopChecker | None = None,
+                 processor: VerifierScores | None = None, stopper: NoStopping | None = None,
                  policy: BlockPolicy | None = None, base_dir=None, prices=None,
                  clock: Callable[[], float] = time.perf_counter, phases: Phases | None = None):
         self.backbone, self.config, self.settings, self.clock = backbone, config, settings, clock
         self.phases = phases or Phases()
-        self.processor = processor or ScoreProcessor([], backbone.mask_token_id)
-        self.stopper = stopper or StopChecker([], settings.pad_token_id)
+        self.processor = processor or VerifierScores(backbone.mask_token_id)
+        self.stopper = stopper or NoStopping()
         self.policy = policy or BlockPolicy.from_config(config, base_dir, prices)
         self.mask_id = backbone.mask_token_id
         self.wants_entropy = self.policy.reads_entropy  # the entropy signal costs a vocabulary-wide pass per round

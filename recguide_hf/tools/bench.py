@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 from transformers import GenerationMixin
 
-from .config import DecodingConfig
-from .engine import Engine, SamplingSettings
-from .models import as_backbone
+from ..core.config import DecodingConfig
+from ..core.engine import Engine, SamplingSettings
+from ..models.registry import as_backbone
 
 METHODS = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted",
            "hf-assisted:num_assistant_tokens=8,assistant_confidence_threshold=0",
@@ -416,7 +416,7 @@ def environment(command: str) -> dict:
     import transformers
 
     try:
-        here = Path(__file__).parent
+        here = Path(__file__).parents[1]  # the package's folder
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=here).stdout.strip() or "unknown"
         # the package's own files changed since that commit: the run measured code no commit holds

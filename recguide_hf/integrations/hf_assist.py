@@ -5,7 +5,7 @@
 runs LinearSS (batch size 1, as HF's loop requires). HF has no public `candidate_generator=` argument;
 `assisted_generate` is a `custom_generate` callable that runs HF's loop with this generator:
 
-    model.generate(input_ids, custom_generate=recguide_hf.hf_assist.assisted_generate, max_new_tokens=64)
+    model.generate(input_ids, custom_generate=recguide_hf.integrations.hf_assist.assisted_generate, max_new_tokens=64)
 
 `EntropyRecorder` is a `LogitsProcessor` that returns scores unchanged and records per-position verifier
 entropy, the signal the adaptive block-size policy reads (docs/algorithm.md §2.3).
@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, GenerationMixin, LogitsProcessor
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .compat import CACHE_KW
+from ..models.compat import CACHE_KW
 
 
 class SelfDraftCandidateGenerator(CandidateGenerator):

@@ -1,28 +1,24 @@
-"""The one interface the engine uses to talk to a shared-backbone model.
+"""The engine's backbone (`core.backbone.Backbone`) over a transformers causal LM.
 
-A backbone runs ONE forward over token ids with a 4D additive mask, per-token position ids and a cache,
-and says which tokens of that forward are draft tokens: a model with a drafting adapter (a PEFT LoRA, as
-NLD-8B and this project's bundled model ship) gets its LoRA applied to exactly those tokens, for every
-backbone alike (`draft_adapter.route`). It also knows the vocabulary facts the engine needs. Everything
-model-specific lives in subclasses; the engine never looks inside the model.
+One forward over token ids with a 4D additive mask, per-token position ids and a `RowCache`; a model with a
+drafting adapter (a PEFT LoRA, as NLD-8B and this project's bundled model ship) gets its LoRA applied to exactly
+the draft tokens (`draft_adapter.route`). Model families that differ subclass it (`nld.NLDBackbone`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..core.backbone import Backbone
 from .attention import ROW_RUNS
 from .cache import RowCache
 from .compat import CACHE_KW
 from .draft_adapter import find_adapter, route
 
 
-class Backbone:
+class HFBackbone(Backbone):
     """Adapter for any HF causal LM trained for block drafting with a mask token (this project's model,
-    SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks.
-
-    `unmasked_steps`: the model accepts `attention_mask=None` with the row cache for a one-token step that
-    sees its whole prefix (HF builds the causal mask from the cache, which for one query is no mask)."""
+    SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks."""
 
     unmasked_steps = True
     row_runs = True  # the model's attention goes through transformers' attention interface (attention.py)
@@ -36,22 +32,6 @@ class Backbone:
         if self.mask_token_id is None:
             raise ValueError("The model's config has no `mask_token_id`; pass mask_token_id= to use it for drafting")
         self.adapter, self.lora_layers = find_adapter(model)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def max_positions(self) -> int | None:
-        return getattr(self.model.config, "max_position_embeddings", None)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.config.vocab_size
 
     def new_cache(self, num_rows: int, capacity: int) -> RowCache:
         """A per-row-length KV cache shaped for this model's attention layers."""
@@ -70,15 +50,7 @@ class Backbone:
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache, draft_mask: torch.Tensor | bool | int | None = None, logits_to_keep: int = 0) -> torch.Tensor:
-        """Logits `[R, Q, V]` (or the last `logits_to_keep` positions).
-
-        Args:
-            input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive, or None for a one-token
-                step over unpadded rows of one length (`unmasked_steps`);
-            draft_mask: [R, Q] bool, True for tokens computed in draft mode: the drafting adapter (if any)
-                applies exactly there (`True`: every token; an int k: columns k.. of every row; None: none);
-                the attention mode itself comes from the mask.
-        """
+        """See `core.backbone.Backbone.forward`."""
         config = self.model.config
         in_place = getattr(cache, "row_runs", False)
         if in_place:  # the cache's rows are read in place, in runs (attention.py); the internal field: no

@@ -12,30 +12,25 @@ from __future__ import annotations
 import torch
 from transformers import generation as hf_gen
 
+from ..core.hooks import VerifierScores
+
 _INPUT_FREE = tuple(getattr(hf_gen, name) for name in (
     "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
     "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "SuppressTokensLogitsProcessor",
 ) if hasattr(hf_gen, name))
 
 
-class ScoreProcessor:
+class ScoreProcessor(VerifierScores):
     """Turns raw verifier logits `[R, Q, V]` into the scores HF's loop would have sampled from."""
 
     def __init__(self, processors, mask_token_id: int):
+        super().__init__(mask_token_id)
         self.processors = list(processors or [])
-        self.mask_token_id = mask_token_id
         self.input_free = all(isinstance(p, _INPUT_FREE) for p in self.processors)
 
-    def __call__(self, seq: torch.Tensor, prompt_width: int, counts: torch.Tensor, rows: torch.Tensor,
-                 block_ids: torch.Tensor, logits: torch.Tensor, eff: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            seq: [N, W + max_new] all requests' token buffer (prompt, then emitted tokens incl. the seed).
-            counts: [R] emitted tokens of the rows; rows: [R] their indices in seq.
-            block_ids: [R, >=Q] the verified block `[seed, d_1 ..]`; logits: [R, Q, V]; eff: [R] real length.
-        """
-        scores = logits.float()
-        scores[..., self.mask_token_id] = float("-inf")
+    def __call__(self, seq, prompt_width, counts, rows, block_ids, logits, eff):
+        """Arguments as `VerifierScores.__call__`."""
+        scores = super().__call__(seq, prompt_width, counts, rows, block_ids, logits, eff)
         if not self.processors:
             return scores
         num_rows, q, vocab = scores.shape

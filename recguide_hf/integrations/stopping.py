@@ -24,15 +24,13 @@ from __future__ import annotations
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from ..core.hooks import NoStopping
 
-class StopChecker:
+
+class StopChecker(NoStopping):
     def __init__(self, criteria, pad_token_id: int):
         self.criteria = [c for c in (criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
         self.pad_token_id = pad_token_id
-
-    def start(self, seq: torch.Tensor, prompt_width: int):
-        self.prompt_width = prompt_width
-        self.ended = False  # a whole-batch criterion ended every row (the engine runs no further bucket)
 
     def check(self, seq: torch.Tensor, count: torch.Tensor, finished: torch.Tensor, old_counts):
         """Mark rows done (`finished`, in place) and truncate `count` at the token that stopped them."""

@@ -1,0 +1,1 @@
+"""Where users meet the engine: HF `generate` / `custom_generate`, assisted generation, lm-eval."""
