@@ -113,7 +113,7 @@ def run(model, tokenizer, prompts, max_new, method, prices):
     seq, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
     seconds = time.perf_counter() - start
     width = enc["input_ids"].shape[1]
-    new = [seq[i, width:width + int(engine.count[i])].tolist() for i in range(len(prompts))]
+    new = [seq[i, width:width + int(engine.slots.count[i])].tolist() for i in range(len(prompts))]
     made = defaultdict(list)
     for _, block, accepted, _, _, _ in stats.round_log:
         made[block].append(accepted + 1 if block > 1 else 1)

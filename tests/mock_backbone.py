@@ -32,9 +32,7 @@ class MockBackbone(Backbone):
 
     def forward(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
         num_rows, q = input_ids.shape
-        if draft_mask is True:  # a draft forward: every token
-            num_draft = num_rows * q
-        elif isinstance(draft_mask, int):  # columns draft_mask.. of every row (the branch segments)
+        if isinstance(draft_mask, int):  # columns draft_mask.. of every row (0: a draft forward; k: branch segments)
             num_draft = num_rows * (q - draft_mask)
         else:
             num_draft = int(draft_mask.sum()) if draft_mask is not None else 0

@@ -100,8 +100,8 @@ def _prefilled_engine(model, prompts, in_place: bool):
     engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4), SamplingSettings(max_new_tokens=4))
     engine._allocate(*ids.shape)
     engine._admit(torch.arange(ids.shape[0]), ids, (mask == 0).sum(1))
-    assert engine.cache.row_runs  # an SDPA model: on by default
-    engine.cache.row_runs = in_place
+    assert engine.slots.cache.row_runs  # an SDPA model: on by default
+    engine.slots.cache.row_runs = in_place
     return engine
 
 
@@ -125,17 +125,17 @@ def test_a_forward_over_some_rows_reads_them_in_place(monkeypatch):
     logits = {}
     for in_place in (True, False):
         engine = _prefilled_engine(model, prompts, in_place)
-        binding = engine.cache.prepare(subset, 3)
-        widths = (engine.cache.lengths + 3).tolist()  # per slot: its committed length + the 3 query tokens
+        binding = engine.slots.cache.prepare(subset, 3)
+        widths = (engine.slots.cache.lengths + 3).tolist()  # per slot: its committed length + the 3 query tokens
         expected = [(0, 0, 2, max(widths[0:2])), (2, 3, 3, max(widths[3:6]))] if in_place else None
         assert binding.runs == expected
         calls.clear()
         logits[in_place] = engine._forward(subset, query, torch.arange(3).expand(5, -1), causal_intra(5, 3))
         layers = model.config.num_hidden_layers
         assert calls == ([2, 3] * layers if in_place else [])  # else HF's own SDPA path, over a copy
-        engine.cache.use(binding)
-        keys, _ = engine.cache.update(torch.zeros(5, 2, 3, 16), torch.zeros(5, 2, 3, 16), 0)
-        assert (keys.data_ptr() == engine.cache.keys[0].data_ptr()) == in_place  # a view of the buffer, or a copy
+        engine.slots.cache.use(binding)
+        keys, _ = engine.slots.cache.update(torch.zeros(5, 2, 3, 16), torch.zeros(5, 2, 3, 16), 0)
+        assert (keys.data_ptr() == engine.slots.cache.keys[0].data_ptr()) == in_place  # a view of the buffer, or a copy
     # SDPA per run of slots vs one call over a gathered copy: different kernels and summation orders, so equal to
     # rounding, not bit for bit (issue 31: bit-equal on one machine, not on another)
     assert_close_layouts(logits[True], logits[False])
@@ -173,7 +173,7 @@ def test_an_all_rows_forward_reads_each_run_only_as_far_as_it_needs(monkeypatch)
     logits = {}
     for split in (True, False):
         engine = _prefilled_engine(model, prompts, split)
-        binding = engine.cache.prepare(torch.arange(5), 2)
+        binding = engine.slots.cache.prepare(torch.arange(5), 2)
         # prefill keeps all but the seed: committed 59, 57, 2, 1, 39 slots, + 2 query tokens
         assert binding.runs == ([(0, 0, 2, 61), (2, 2, 2, 4), (4, 4, 1, 41)] if split else None)
         logits[split] = engine._forward(torch.arange(5), query, torch.arange(2).expand(5, -1), causal_intra(5, 2))

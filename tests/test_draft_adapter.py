@@ -49,7 +49,7 @@ def test_fresh_adapter_is_the_identity_and_the_base_is_frozen():
         base = model(ids).logits
         adapter = add_draft_adapter(model, rank=4, alpha=8, target_modules=TARGETS)
         assert len(adapter.names) == 2 * len(TARGETS)  # two decoder layers
-        with route(adapter, True):
+        with route(adapter, 0):
             assert torch.equal(model(ids).logits, base)  # B = 0 at init
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith("draft_adapter.lora_") for n in trainable)
@@ -65,7 +65,7 @@ def test_folder_attaches_adapter_and_plain_forward_is_the_verifier(folder):
     ids = torch.tensor([[5, 9, 17, 30, 41]])
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, bare(ids).logits)  # no adapter outside the engine's draft tokens
-        with route(loaded.draft_adapter, True):
+        with route(loaded.draft_adapter, 0):
             on = loaded(ids).logits
         assert torch.equal(loaded(ids).logits, bare(ids).logits)  # and nothing left behind
     assert not torch.allclose(on, bare(ids).logits, atol=1e-3)
@@ -99,7 +99,7 @@ def test_fused_forward_routes_per_token(folder, suffix):
     cache = DynamicCache(config=loaded.config)
     loaded(input_ids=torch.tensor([prompt + verify[1:2]]), cache=cache, use_cache=True)
     p = cache.get_seq_length()
-    with route(loaded.draft_adapter, True):
+    with route(loaded.draft_adapter, 0):
         draft = loaded(input_ids=torch.tensor([branch]), position_ids=torch.arange(p, p + 4)[None], cache=cache,
                        attention_mask=torch.zeros(1, 1, 4, p + 4), use_cache=True).logits
     torch.testing.assert_close(b_routed, draft[0], atol=1e-5, rtol=1e-5)
@@ -135,7 +135,7 @@ def test_draft_forward_on_merged_weights_equals_the_hooks_and_restores_the_base(
     before = {n: p.clone() for n, p in loaded.named_parameters()}
     ids = torch.tensor([[5, 9, 17, 30, 41, 7]])
     base = loaded(ids).logits
-    with route(loaded.draft_adapter, True):  # merged weights
+    with route(loaded.draft_adapter, 0):  # merged weights
         merged = loaded(ids).logits
     with route(loaded.draft_adapter, torch.ones(1, 6, dtype=torch.bool)):  # hooks on every token
         hooked = loaded(ids).logits

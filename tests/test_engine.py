@@ -176,7 +176,7 @@ def test_plain_steps_without_a_mask_when_rows_need_none(model):
     out, _ = engine.generate(ids, mask)
     assert torch.equal(out, hf_greedy(model, ids, mask, max_new_tokens=12)) and not seen  # lengths differ: masked
     # the cache holds no padding: every row's committed length is its own prompt + new tokens, seed excluded
-    assert engine.cache.lengths.tolist() == [len(p) + 12 - 1 for p in prompts] != [ids.shape[1] + 11] * 3
+    assert engine.slots.cache.lengths.tolist() == [len(p) + 12 - 1 for p in prompts] != [ids.shape[1] + 11] * 3
     # one request at a time (serving, prompts of different lengths padded to the widest): unmasked steps
     prompts = random_prompts(3, 96, min_len=2, max_len=9, seed=3)
     records = Engine(Spy(model), cfg, settings).serve(prompts, slots=1)
@@ -400,7 +400,7 @@ def test_prefill_in_length_groups_fills_the_cache_as_one_forward(model, monkeypa
             monkeypatch.setattr(engine_module, "length_groups", lambda lengths: [list(range(len(lengths)))])
         engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=4), settings)
         engine.generate(ids, mask)
-        caches.append(engine.cache)
+        caches.append(engine.slots.cache)
     grouped, single = caches
     assert torch.equal(grouped.lengths, single.lengths)
     for layer in range(len(grouped.keys)):
@@ -437,7 +437,7 @@ def test_a_whole_batch_stop_leaves_the_token_counts_true():
     seq, stats = engine.generate(prompts)
     emitted = (seq[:, 3:] != PAD).sum(1)
     assert emitted.tolist() == [6, 4, 6, 4]  # the B = 8 rows' round was cut at token 6
-    assert stats.new_tokens.tolist() == emitted.tolist() == engine.count.tolist()
+    assert stats.new_tokens.tolist() == emitted.tolist() == engine.slots.count.tolist()
     assert stats.as_dict()["new_tokens"] == int(emitted.sum())
 
 

@@ -130,7 +130,8 @@ def test_the_check_finds_an_upward_import_a_core_library_and_a_circle(tmp_path):
         (pkg / layer).mkdir(parents=True)
         (pkg / layer / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("BUNDLED_MODEL = None\n")
-    (pkg / "core" / "engine.py").write_text("from ..tools import cli\nimport transformers\nfrom .. import BUNDLED_MODEL\n")
+    upward_and_outside = "from ..tools import cli\nimport transformers\nfrom .. import BUNDLED_MODEL\n"
+    (pkg / "core" / "engine.py").write_text(upward_and_outside)
     (pkg / "core" / "a.py").write_text("from . import b\n")
     (pkg / "core" / "b.py").write_text("def f():\n    from .a import x\n")
     (pkg / "models" / "m.py").write_text("from ..core.engine import Engine\n")  # downward: fine

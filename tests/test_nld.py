@@ -165,11 +165,11 @@ def test_linear_rounds_match_reference(model):
             engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block),
                             SamplingSettings(max_new_tokens=40, eos_token_ids=[EOS], pad_token_id=PAD))
             engine._allocate(1, len(prompt))
-            engine.stats.round_log = []
+            engine.slots.stats.round_log = []
             engine._admit(torch.tensor([0]), torch.tensor([prompt]), torch.tensor([0]))
             while engine._step():
                 pass
-            mine = [n for _, _, n, k, _, _ in engine.stats.round_log if k == block - 1]  # full-size rounds
+            mine = [n for _, _, n, k, _, _ in engine.slots.stats.round_log if k == block - 1]  # full-size rounds
             assert mine == ref_rounds[:len(mine)]
             compared += len(mine)
             accepted += sum(mine)

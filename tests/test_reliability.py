@@ -122,8 +122,8 @@ def test_cache_is_bounded():
     engine.generate(ids, mask)
     # batch x (longest prompt + max_new_tokens + widest round: the block plus three branch segments and a
     # verifier copy for the two-stream layout)
-    assert engine.cache.keys[0].shape[0] == 2
-    assert engine.cache.capacity == 6 + 30 + 8 + 4 * 8
+    assert engine.slots.cache.keys[0].shape[0] == 2
+    assert engine.slots.cache.capacity == 6 + 30 + 8 + 4 * 8
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def test_docstring_ends_mark_humaneval_shaped_window_ends():
 
 
 def test_distill_seed_layout_matches_the_engine():
-    """`eval/distill.py --first-draft verifier`: a block's seed sees the clean prefix and itself with the base
+    """`training/distill.py --first-draft verifier`: a block's seed sees the clean prefix and itself with the base
     weights (so its logits are the verifier's own next-token logits, d_1), its masks draft with the adapter
     and see the whole block; the loss starts at place 2 there. The default layout keeps every token drafting."""
     from argparse import Namespace
@@ -144,8 +144,8 @@ def test_teacher_batches_pool_several_files(tmp_path):
 
 
 def test_correction_hits_follow_the_reuse_rule():
-    """Known answers for `eval/distill.py`'s offline correction coverage (docs/algorithm.md §2.2): the first mismatch
-    must be one of the two earliest risky places and its correction token must be the verifier's."""
+    """Known answers for `training/distill.py`'s offline correction coverage (docs/algorithm.md §2.2): the first
+    mismatch must be one of the two earliest risky places and its correction token must be the verifier's."""
     from distill import correction_hits
 
     #            place:   0    1    2    3

@@ -1,10 +1,10 @@
 """Write eval/tasks/data/shakespeare_nextline.jsonl: 64 next-line windows from the held-out play.
 
 The benchmark's recguide_hf/bundled/prompts/heldout_prose.jsonl has only 5 rows (one play, King Lear, is held out
-and eval/corpus.py takes at most 8 random windows per document), too few for an lm-eval task. This script takes
+and training/corpus.py takes at most 8 random windows per document), too few for an lm-eval task. This script takes
 64 evenly spaced windows from the same held-out text: 20 lines of context, then the next non-blank line as
 the target (the same shape as recguide_hf/bundled/prompts/heldout_*.jsonl). Deterministic; needs data/corpus from
-eval/corpus.py.
+training/corpus.py.
 
     python eval/tasks/build_data.py --corpus data/corpus
 """

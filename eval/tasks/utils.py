@@ -4,7 +4,7 @@ Data paths resolve from this file, so the tasks work from any working directory.
 the rows are read with `datasets` from JSON-lines files in this repository.
 
 * recguide_stdlib_nextline: recguide_hf/bundled/prompts/heldout_code.jsonl (held-out CPython standard-library files,
-  made by eval/corpus.py), first `num_docs` rows (default 64).
+  made by training/corpus.py), first `num_docs` rows (default 64).
 * recguide_shakespeare_nextline: eval/tasks/data/shakespeare_nextline.jsonl (64 windows of the held-out play,
   made by eval/tasks/build_data.py).
 

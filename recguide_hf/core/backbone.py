@@ -45,14 +45,15 @@ class Backbone:
         raise NotImplementedError
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                cache, draft_mask: torch.Tensor | bool | int | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+                cache, draft_mask: torch.Tensor | int | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits `[R, Q, V]` (or the last `logits_to_keep` positions).
 
         Args:
             input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive, or None for a one-token
                 step over unpadded rows of one length (`unmasked_steps`);
-            draft_mask: [R, Q] bool, True for tokens computed in draft mode: the drafting adapter (if any)
-                applies exactly there (`True`: every token; an int k: columns k.. of every row; None: none);
-                the attention mode itself comes from the mask.
+            draft_mask: which tokens are computed in draft mode (the drafting adapter, if any, applies exactly
+                there): None: none; an int k: columns k.. of every row (0: every token, a draft forward); a
+                [R, Q] bool tensor: exactly its True places. Never a Python bool (`True == 1`). The attention
+                mode itself comes from the mask.
         """
         raise NotImplementedError

@@ -45,11 +45,11 @@ def _mixed(backbone, *args, **kwargs):
 
 def forward_kind(input_ids: torch.Tensor, draft_mask) -> str:
     """Which compiled function serves a forward: its draft mask kind, else its query width."""
-    if draft_mask is True:
+    if draft_mask is None:
+        return "step" if input_ids.shape[1] == 1 else "verify"
+    if isinstance(draft_mask, int) and draft_mask == 0:  # every token drafts
         return "draft"
-    if draft_mask is not None and draft_mask is not False:
-        return "mixed"
-    return "step" if input_ids.shape[1] == 1 else "verify"
+    return "mixed"
 
 
 class CompiledForward:

@@ -39,7 +39,7 @@ from .masks import block_intra, build_mask, causal_intra, length_groups, positio
 from .phases import Phases
 from .policy import BlockPolicy, RoundOutcome
 from .stats import Stats
-from .verify import greedy_verify, sampling_verify
+from .verify import Verdict, greedy_verify, sampling_verify
 
 
 @dataclass
@@ -61,6 +61,22 @@ class Emission:
     new_ids: list[int]  # tokens this round emitted, final (empty when the request was only cancelled)
     finished: bool  # the request is done (EOS, its max_new_tokens, a stopping criterion, or cancelled)
     stats: dict | None = None  # its per-request statistics (stats.py), when finished
+
+
+@dataclass
+class Slots:
+    """Every request slot's decoding state between rounds, one row per slot (made by `Engine._allocate`; a slot
+    holds one request from admission to its end, then the next)."""
+
+    prompt_width: int  # W: every prompt is left-padded to it in `seq`
+    seq: torch.Tensor  # [N, W + max_new] the prompt, then the emitted tokens; the last emitted one is the seed
+    count: torch.Tensor  # [N] tokens emitted so far
+    sent: torch.Tensor  # [N] emitted tokens already handed out (`Engine._take_new`)
+    limit: torch.Tensor  # [N] the request's max_new_tokens
+    finished: torch.Tensor  # [N] bool: EOS, its limit, a stopping rule, cancelled, or a free slot
+    pending: br.PendingBlocks  # next-round drafts a branch already made (its hypothesis came true)
+    cache: object  # the backbone's row cache: one committed length per slot
+    stats: Stats  # telemetry per slot and in total (nothing reads it back to decide)
 
 
 class Engine:
@@ -126,22 +142,22 @@ class Engine:
         pads = (attention_mask.to(device) == 0).long().cumprod(dim=1).sum(dim=1)  # left padding per row
         self._allocate(*input_ids.shape)
         if log_rounds:
-            self.stats.round_log = []
+            self.slots.stats.round_log = []
         self.wants_entropy = self.policy.reads_entropy or log_rounds
         self._admit(torch.arange(input_ids.shape[0], device=device), input_ids, pads)
         while self._step():
             if on_tokens is not None:
                 for row, first, last in self._take_new():
-                    on_tokens(row, self.seq[row, first:last].clone())
-        width = self.prompt_width + int(self.count.max())
-        return self.seq[:, :width], self.stats
+                    on_tokens(row, self.slots.seq[row, first:last].clone())
+        width = self.slots.prompt_width + int(self.slots.count.max())
+        return self.slots.seq[:, :width], self.slots.stats
 
     # ------------------------------------------------------------------ requests as they come
     def open(self, slots: int, max_prompt_len: int):
         """Make room for `slots` requests in flight, prompts up to `max_prompt_len` tokens and up to the settings'
         `max_new_tokens` new tokens each. Requests then come and go with `submit`, `step` and `cancel`."""
         self._allocate(slots, max_prompt_len)
-        self.finished[:] = True
+        self.slots.finished[:] = True
         self.owner: list[Hashable | None] = [None] * slots  # the request each slot holds
         self.waiting: list[tuple[Hashable, list[int], int]] = []  # submitted, not yet admitted
         self.admitted_at: dict[Hashable, float] = {}
@@ -158,8 +174,8 @@ class Engine:
         """Queue a request; it is admitted (prefilled) at the start of a later `step`, when a slot is free."""
         limit = self.settings.max_new_tokens
         max_new = limit if max_new_tokens is None else max_new_tokens
-        if not 1 <= len(prompt_ids) <= self.prompt_width:
-            raise ValueError(f"a prompt needs 1 to {self.prompt_width} tokens, got {len(prompt_ids)}")
+        if not 1 <= len(prompt_ids) <= self.slots.prompt_width:
+            raise ValueError(f"a prompt needs 1 to {self.slots.prompt_width} tokens, got {len(prompt_ids)}")
         if not 0 <= max_new <= limit:
             raise ValueError(f"max_new_tokens must be 0 to {limit}, got {max_new}")
         if request_id in self.admitted_at or any(w[0] == request_id for w in self.waiting):
@@ -176,8 +192,8 @@ class Engine:
         if request_id not in self.owner:
             return False
         row = self.owner.index(request_id)
-        self.finished[row] = True
-        self.pending.has[row] = False
+        self.slots.finished[row] = True
+        self.slots.pending.has[row] = False
         self._release(row)
         return True
 
@@ -189,17 +205,17 @@ class Engine:
         self._step()  # nothing runs when every request is waiting or done (e.g. admitted with max_new_tokens 0)
         out = []
         news = {row: (first, last) for row, first, last in self._take_new()}
-        finished = self.finished.tolist()  # one read instead of one per slot
+        finished = self.slots.finished.tolist()  # one read instead of one per slot
         lo = min((f for f, _ in news.values()), default=0)
         hi = max((t for _, t in news.values()), default=0)
-        window = self.seq[:, lo:hi].tolist()  # every row's new tokens in one device read
+        window = self.slots.seq[:, lo:hi].tolist()  # every row's new tokens in one device read
         for row, rid in enumerate(self.owner):
             if rid is None or (row not in news and not finished[row]):
                 continue
             first, last = news.get(row, (lo, lo))
             ids = window[row][first - lo:last - lo]
             if finished[row]:
-                stats = {**self.stats.row_summary(row), "latency": self.clock() - self.admitted_at[rid]}
+                stats = {**self.slots.stats.row_summary(row), "latency": self.clock() - self.admitted_at[rid]}
                 out.append(Emission(rid, ids, True, stats))
                 self._release(row)
             else:
@@ -214,7 +230,7 @@ class Engine:
         # the longest prompts take the lowest free slots: rows of similar lengths then sit side by side, and
         # attention reads each run of them only as far as it needs (attention.py), not to the longest row
         arrivals.sort(key=lambda a: -len(a[1]))
-        device, width = self.backbone.device, self.prompt_width
+        device, width = self.backbone.device, self.slots.prompt_width
         rows = torch.tensor(free[: len(arrivals)], device=device)
         ids = torch.full((len(arrivals), width), self.settings.pad_token_id, dtype=torch.long, device=device)
         for k, (_, prompt, _) in enumerate(arrivals):
@@ -250,21 +266,21 @@ class Engine:
     def _take_new(self) -> list[tuple[int, int, int]]:
         """(row, first, last): `seq[row, first:last]` are the tokens a row emitted since the last call."""
         out = []
-        for row, (sent, count) in enumerate(zip(self.sent.tolist(), self.count.tolist())):
+        for row, (sent, count) in enumerate(zip(self.slots.sent.tolist(), self.slots.count.tolist())):
             if count > sent:
-                out.append((row, self.prompt_width + sent, self.prompt_width + count))
-        self.sent.copy_(self.count)
+                out.append((row, self.slots.prompt_width + sent, self.slots.prompt_width + count))
+        self.slots.sent.copy_(self.slots.count)
         return out
 
     def _step(self) -> bool:
         """One round for every active request (one bucket at a time). False when nothing is active."""
-        active = (~self.finished).nonzero().squeeze(1)
+        active = (~self.slots.finished).nonzero().squeeze(1)
         self.last_round: dict[int, int] = {}  # rows per block size in this round (telemetry)
         if active.numel() == 0:
             return False
         timed = self.policy.online
         with self.phases("plan"):
-            buckets = list(self.policy.buckets(active, self.pending.has))
+            buckets = list(self.policy.buckets(active, self.slots.pending.has))
         for block, rows in buckets:
             if self.stopper.ended:  # the user's criteria ended the whole batch in an earlier bucket
                 break
@@ -294,42 +310,41 @@ class Engine:
         if limit is not None and prompt_width + max_new > limit:
             raise ValueError(f"prompt length {prompt_width} + max_new_tokens {max_new} exceeds the model's maximum "
                              f"positions ({limit}); shorten the prompt or lower max_new_tokens")
-        self.prompt_width = prompt_width
         # branch segments (3 x B), plus a copy of the verifier segment when they run on a second stream
         branch_width = 4 * self.policy.max_block if self.config.branches_enabled else 0
         capacity = prompt_width + max_new + self.policy.max_block + branch_width
-        self.cache = self.backbone.new_cache(num_rows, capacity)
+        count = torch.zeros(num_rows, dtype=torch.long, device=device)
+        self.slots = Slots(
+            prompt_width=prompt_width,
+            seq=torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
+                           device=device),
+            count=count, sent=torch.zeros_like(count), limit=torch.full_like(count, max_new),
+            finished=torch.zeros(num_rows, dtype=torch.bool, device=device),
+            pending=br.PendingBlocks(num_rows, self.policy.max_block, device),
+            cache=self.backbone.new_cache(num_rows, capacity), stats=Stats(num_rows))
         if self._compiled is not None:  # few code paths, so few graphs per compiled forward kind (compiled.py)
-            self._compiled.adapt(self.cache)
-        self.seq = torch.full((num_rows, prompt_width + max_new), self.settings.pad_token_id, dtype=torch.long,
-                              device=device)
+            self._compiled.adapt(self.slots.cache)
         self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
-        self.count = torch.zeros(num_rows, dtype=torch.long, device=device)  # emitted tokens; the seed is the last
-        self.sent = torch.zeros_like(self.count)  # emitted tokens already handed out (`_take_new`)
-        self.limit = torch.full_like(self.count, max_new)  # max_new_tokens per request
-        self.finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
-        self.pending = br.PendingBlocks(num_rows, self.policy.max_block, device)
-        self.stats = Stats(num_rows)
         self.policy.start(num_rows)
-        self.stopper.start(self.seq, prompt_width)
+        self.stopper.start(self.slots.seq, prompt_width)
 
     def _admit(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor,
                limits: torch.Tensor | None = None):
         """Start requests in `rows`: prompts `input_ids` [R, W] left-padded by `pads` [R], each generating up to
         `limits` [R] new tokens (default: the settings' max_new_tokens)."""
-        if bool((pads >= self.prompt_width).any()):
+        if bool((pads >= self.slots.prompt_width).any()):
             raise ValueError("Every prompt needs at least one token (found an empty, all-padding prompt)")
-        self.seq[rows] = self.settings.pad_token_id
-        self.seq[rows, : self.prompt_width] = input_ids
-        self.count[rows] = 0
-        self.sent[rows] = 0
-        self.limit[rows] = self.settings.max_new_tokens if limits is None else limits
-        self.finished[rows] = self.limit[rows] <= 0
-        self.pending.has[rows] = False
+        self.slots.seq[rows] = self.settings.pad_token_id
+        self.slots.seq[rows, : self.slots.prompt_width] = input_ids
+        self.slots.count[rows] = 0
+        self.slots.sent[rows] = 0
+        self.slots.limit[rows] = self.settings.max_new_tokens if limits is None else limits
+        self.slots.finished[rows] = self.slots.limit[rows] <= 0
+        self.slots.pending.has[rows] = False
         with self.phases("admit"):
-            self.stats.reset_rows(rows)
+            self.slots.stats.reset_rows(rows)
             self.policy.reset_rows(rows)
-            self.cache.reset_rows(rows)
+            self.slots.cache.reset_rows(rows)
             self._prefill(rows, input_ids, pads)
 
     def _prefill(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor):
@@ -352,13 +367,14 @@ class Engine:
             offsets = col[None, :].expand(len(group), -1)
             self._forward(rows[index], packed, offsets, causal_intra(len(group), width, input_ids.device),
                           logits_to_keep=1)
-        self.cache.commit(rows, lengths)
+        self.slots.cache.commit(rows, lengths)
 
     # ------------------------------------------------------------------ one round for one bucket
     def _round(self, rows: torch.Tensor, block: int) -> RoundOutcome:
-        remaining = self.limit[rows] - self.count[rows]
+        slots = self.slots
+        remaining = slots.limit[rows] - slots.count[rows]
         eff = remaining.clamp(max=block)  # [R] tokens this round may emit = verifier segment length
-        seeds = self.seq[rows, self.prompt_width + self.count[rows] - 1]
+        seeds = slots.seq[rows, slots.prompt_width + slots.count[rows] - 1]
         branches_on = (block > 1 and self.config.branches_enabled and self.policy.branches_on(rows.numel(), block))
         phase = self.phases
         # 1. draft (rows whose block a branch already drafted skip the draft forward)
@@ -372,7 +388,7 @@ class Engine:
         # 3. accept
         with phase("process"):
             block_ids = torch.cat([seeds[:, None], draft.ids], dim=1)
-            scores = self.processor(self.seq, self.prompt_width, self.count[rows], rows, block_ids, target_logits,
+            scores = self.processor(slots.seq, slots.prompt_width, slots.count[rows], rows, block_ids, target_logits,
                                     eff)
         with phase("accept"):
             verdict = self._accept(draft, scores, eff - 1)
@@ -384,15 +400,16 @@ class Engine:
             temperature = self.settings.draft_temperature if self.settings.do_sample else None
             hits = br.reuse(plan, verdict, eff - 1, branch_logits, self.mask_id, self.settings.eos_token_ids,
                             temperature)
-            hits = hits.drop(self.finished[rows])  # a finished request has no next round to reuse it in
-            self.pending.store(rows, hits)
+            hits = hits.drop(slots.finished[rows])  # a finished request has no next round to reuse it in
+            slots.pending.store(rows, hits)
         with phase("record"):
             # the certainty signal is read only by the auto policy (and calibration's round log)
             entropy = verifier_entropy(scores, verdict.num_accepted, eff) if self.wants_entropy else None
             # calibration also logs what a plain step would have read here: the entropy at the seed's place alone
-            first = verifier_entropy(scores, torch.zeros_like(eff), eff) if self.stats.round_log is not None else None
-            self.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind, plan is not None,
-                                    entropy, first)
+            logging = slots.stats.round_log is not None
+            first = verifier_entropy(scores, torch.zeros_like(eff), eff) if logging else None
+            slots.stats.record_round(rows, block, emitted, verdict.num_accepted, eff - 1, hits.kind,
+                                     plan is not None, entropy, first)
         return RoundOutcome(rows, block, verdict.num_accepted, eff - 1, entropy,
                             branch_hits=None if plan is None else int((hits.kind >= 0).sum()),
                             branch_segments=0 if plan is None else int((plan.kind >= 0).sum()))
@@ -400,36 +417,29 @@ class Engine:
     def _plain_round(self, rows: torch.Tensor) -> RoundOutcome:
         """B = 1, the fallback: one plain decoding step per row. The same steps as `_round` at B = 1 (where
         the draft is empty, nothing is accepted and no branch rides), without the block bookkeeping."""
+        slots = self.slots
         r = rows.numel()
-        count = self.count[rows]
-        seeds = self.seq[rows, self.prompt_width + count - 1][:, None]  # [R, 1]
+        count = slots.count[rows]
+        seeds = slots.seq[rows, slots.prompt_width + count - 1][:, None]  # [R, 1]
         logits = self._forward(rows, seeds, count.new_zeros(r, 1), causal_intra(r, 1, rows.device))
-        self.stats.record_forward(rows, 1)
+        slots.stats.record_forward(rows, 1)
         one, none = torch.ones_like(count), torch.zeros_like(count)
-        scores = self.processor(self.seq, self.prompt_width, count, rows, seeds, logits, one)
+        scores = self.processor(slots.seq, slots.prompt_width, count, rows, seeds, logits, one)
+        empty = DraftBlock(seeds[:, :0], None, None, scores.new_zeros(r, 0, scores.shape[-1]))
         if self.settings.do_sample:  # the bonus token of an empty block, drawn as `_round` draws it
-            empty = DraftBlock(seeds[:, :0], None, None, scores.new_zeros(r, 0, scores.shape[-1]))
-            token = self._accept(empty, scores, none).next_token
+            verdict = self._accept(empty, scores, none)
         else:
-            token = scores[:, 0].argmax(-1)
-        self.cache.commit(rows, one)
-        self.seq[rows, self.prompt_width + count] = token
-        self.count[rows] = count + 1
-        done = count + 1 >= self.limit[rows]
-        if self.settings.eos_token_ids:
-            done |= torch.isin(token, self.eos_ids)
-        self.finished[rows] |= done
-        self.stopper.check(self.seq, self.count, self.finished, old_counts=(rows, count))
-        self.pending.has[rows] = False
+            verdict = Verdict(none, scores[:, 0].argmax(-1))
+        emitted = self._commit(rows, empty.ids, verdict)
+        slots.pending.has[rows] = False
         entropy = verifier_entropy(scores, none, one) if self.wants_entropy else None
-        self.stats.record_round(rows, 1, self.count[rows] - count, none, none, torch.full_like(count, -1), False,
-                                entropy)
+        slots.stats.record_round(rows, 1, emitted, none, none, torch.full_like(count, -1), False, entropy)
         return RoundOutcome(rows, 1, none, none, entropy)
 
     def _draft(self, rows: torch.Tensor, seeds: torch.Tensor, eff: torch.Tensor, block: int,
                with_risk: bool) -> DraftBlock:
         """Drafts d_1 .. d_{block-1} for every row of the bucket (from a branch hit or a draft forward)."""
-        have, draft = self.pending.take(rows, block - 1)
+        have, draft = self.slots.pending.take(rows, block - 1)
         if self.settings.do_sample and draft.probs is None:
             vocab = self.backbone.vocab_size
             draft.probs = torch.zeros(rows.numel(), block - 1, vocab, device=rows.device)
@@ -451,9 +461,9 @@ class Engine:
             draft_logits = torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
         else:
             # every token is a draft token (padding past a row's eff is invisible to the others, never committed)
-            logits = self._forward(sub, ids, offsets, intra, draft_mask=True)  # [S, q, V]
+            logits = self._forward(sub, ids, offsets, intra, draft_mask=0)  # [S, q, V]
             draft_logits = logits[:, 1:]
-        self.stats.record_forward(sub, q)
+        self.slots.stats.record_forward(sub, q)
         temperature = self.settings.draft_temperature if self.settings.do_sample else None
         fresh = make_draft(draft_logits, self.mask_id, self.settings.eos_token_ids, temperature, with_risk)
         for name in ("ids", "margin", "correction", "probs"):
@@ -479,14 +489,14 @@ class Engine:
         offsets = torch.arange(q, device=rows.device).expand(r, -1)
         if plan is None:  # verifier tokens only: the base weights alone
             logits = self._forward(rows, ids, offsets, intra)
-            self.stats.record_forward(rows, q)
+            self.slots.stats.record_forward(rows, q)
             return logits, None
         full = br.append_segments(plan, ids, offsets, intra)
         if self.split_streams:
             return self._verify_two_streams(rows, (ids, offsets, intra), full, q)
         # the branch segments are every column from q on (unused segments are invisible and never read)
         logits = self._forward(rows, full[0], full[1], full[2], draft_mask=q)
-        self.stats.record_forward(rows, full[0].shape[1])
+        self.slots.stats.record_forward(rows, full[0].shape[1])
         return logits[:, :q], logits[:, q:]
 
     def _verify_two_streams(self, rows, verifier, full, q):
@@ -505,7 +515,7 @@ class Engine:
             main.wait_stream(self._side_stream)
         else:  # CPU: the same two forwards one after the other (tests exercise this path)
             branch_logits = self._run(prep_b, full[0], q)[:, q:]
-        self.stats.record_forward(rows, full[0].shape[1] + q)  # the pair counts as one (concurrent) forward
+        self.slots.stats.record_forward(rows, full[0].shape[1] + q)  # the pair counts as one (concurrent) forward
         return logits, branch_logits
 
     def _accept(self, draft: DraftBlock, scores: torch.Tensor, draft_len: torch.Tensor):
@@ -516,7 +526,9 @@ class Engine:
         return sampling_verify(draft.ids[:, :k], draft.probs[:, :k], target_probs, draft_len)
 
     def _commit(self, rows, draft_ids, verdict) -> torch.Tensor:
-        """Write emitted tokens, advance the cache, apply stopping. Returns tokens emitted per row [R]."""
+        """Write emitted tokens, advance the cache, apply stopping: the one commit path of every round (a plain
+        step is an empty draft). Returns tokens emitted per row [R]."""
+        slots = self.slots
         n_acc = verdict.num_accepted
         k = draft_ids.shape[1]
         idx = torch.arange(k + 1, device=rows.device)
@@ -532,15 +544,15 @@ class Engine:
             num_new = torch.minimum(num_new, first)
         else:
             has_eos = torch.zeros_like(n_acc, dtype=torch.bool)
-        self.cache.commit(rows, n_acc + 1)  # seed + accepted drafts; the new seed is not in the cache yet
-        old = self.count[rows].clone()
+        slots.cache.commit(rows, n_acc + 1)  # seed + accepted drafts; the new seed is not in the cache yet
+        old = slots.count[rows].clone()
         write = (idx[None, :] < num_new[:, None]).nonzero(as_tuple=True)  # (row in bucket, place) pairs
-        self.seq[rows[write[0]], self.prompt_width + old[write[0]] + write[1]] = new[write]
-        self.count[rows] = old + num_new
-        done = has_eos | (self.count[rows] >= self.limit[rows])
-        self.finished[rows] |= done
-        self.stopper.check(self.seq, self.count, self.finished, old_counts=(rows, old))
-        return self.count[rows] - old
+        slots.seq[rows[write[0]], slots.prompt_width + old[write[0]] + write[1]] = new[write]
+        slots.count[rows] = old + num_new
+        done = has_eos | (slots.count[rows] >= slots.limit[rows])
+        slots.finished[rows] |= done
+        self.stopper.check(slots.seq, slots.count, slots.finished, old_counts=(rows, old))
+        return slots.count[rows] - old
 
     # ------------------------------------------------------------------ the forward
     def _forward(self, rows, ids, offsets, intra, draft_mask=None, logits_to_keep=0):
@@ -552,8 +564,8 @@ class Engine:
         The cache holds no padding (`_prefill`), so a plain step (one query per row) over rows of one
         committed length sees every slot before it, which is what the model does with no mask at all: then
         no mask is built and attention takes its unmasked path, as in HF's own decoding step."""
-        binding = self.cache.prepare(rows, ids.shape[1], write_offset)
-        lengths_cpu = self.cache.lengths[rows.cpu()]
+        binding = self.slots.cache.prepare(rows, ids.shape[1], write_offset)
+        lengths_cpu = self.slots.cache.lengths[rows.cpu()]
         lengths = lengths_cpu.to(ids.device)
         pads = torch.zeros_like(lengths)
         pos = positions(lengths, pads, offsets)
@@ -565,10 +577,10 @@ class Engine:
 
     def _run(self, prepared, ids, draft_mask=None, logits_to_keep=0):
         binding, mask, pos = prepared
-        self.cache.use(binding)
+        self.slots.cache.use(binding)
         forward = self._compiled or self.backbone.forward
         with self.phases("forward"):
-            return forward(ids, pos, mask, self.cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
+            return forward(ids, pos, mask, self.slots.cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
 
 
 _WARNED: set[str] = set()

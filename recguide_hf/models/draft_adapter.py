@@ -5,13 +5,11 @@ LoRA on `o_proj`; this project's bundled model: a LoRA on every linear layer). T
 them. Routing is per token, so one fused forward can mix verifier and draft tokens:
 * a forward with some draft tokens (verify + branch segments): for its duration a forward hook on each adapted
   `Linear` adds `scaling * B(A(x))` where the engine's `draft_mask` is True;
-* a forward whose tokens are all draft tokens (a draft forward, `draft_mask=True`): each adapted `Linear` runs
+* a forward whose tokens are all draft tokens (a draft forward, `draft_mask=0`): each adapted `Linear` runs
   with merged weights `W + scaling * B A` (computed once, kept beside `W`), so drafting costs what a plain
-  forward costs; the hooks' extra small matmuls cost about 40% of a forward on the bundled 12M model on a CPU.
-  For the forward's duration each such `Linear` gets an instance-level `forward` that multiplies by its merged
-  weight (`W` itself is never touched): assigning the merged tensors to `weight.data` and back instead cost about
-  0.8 ms per draft forward at C = 1 on the 2-core CPU (8.8 -> 9.6 ms at B = 8), far more than the assignments
-  themselves, while the override costs microseconds;
+  forward costs (the hooks' extra small matmuls would not). For the forward's duration each such `Linear` gets
+  an instance-level `forward` that multiplies by its merged weight; `W` itself is never touched (swapping
+  `weight.data` costs more than the override: CHANGELOG.md);
 * a forward without draft tokens registers nothing: verifier tokens get bit-for-bit the base weights' output and
   a verify-only forward costs exactly what the base model costs (no wrapper modules stay in the model).
 
@@ -145,32 +143,37 @@ def find_adapter(model) -> tuple[DraftAdapter | PeftLayers | None, list]:
 
 
 @contextmanager
-def route(adapter, draft_mask: torch.Tensor | bool | None, peft_layers: list = ()):
+def route(adapter, draft_mask: torch.Tensor | int | None, peft_layers: list = ()):
     """Apply `adapter`'s deltas to the draft tokens of the forwards run inside this block.
 
     Args:
-        draft_mask: [R, Q] bool (the draft tokens), an int k (the tokens from column k on, in every row: the
-            engine's branch segments after the verifier segment; the cheapest mixed form), `True` (every token:
-            a draft forward) or None / False (none: nothing is registered, the forward is the base model's).
+        draft_mask: which tokens draft (`core.backbone.Backbone.forward`): None (none: nothing is registered, the
+            forward is the base model's), an int k (the tokens from column k on, in every row; 0: every token, a
+            draft forward, on merged weights; k > 0: the engine's branch segments after the verifier segment, the
+            cheapest mixed form) or a [R, Q] bool tensor (exactly those tokens). A bool is refused: `True == 1`.
         peft_layers: PEFT LoRA layers to keep disabled meanwhile (their delta comes from the hooks instead).
     """
+    if isinstance(draft_mask, bool):
+        raise TypeError("draft_mask takes None, an int k (columns k.. draft; 0: every token) or a bool tensor, "
+                        f"not {draft_mask!r} (True == 1 would read as 'columns 1..')")
+    every = isinstance(draft_mask, int) and draft_mask == 0
     saved = [m._disable_adapters for m in peft_layers]
     handles, overridden = [], []
     try:
         for m in peft_layers:
             m._disable_adapters = True  # PEFT's forward is then exactly base_layer(x)
-        merged = adapter.merged_forwards() if draft_mask is True and isinstance(adapter, DraftAdapter) else None
+        merged = adapter.merged_forwards() if every and isinstance(adapter, DraftAdapter) else None
         if merged is not None:  # every token drafts: run the adapted layers on merged weights
             for linear, forward in merged:
                 overridden.append((linear, linear.__dict__.get("forward")))
                 linear.__dict__["forward"] = forward  # what Module.__call__ runs, ahead of the class's forward
-        elif isinstance(draft_mask, int) and not isinstance(draft_mask, bool):
+        elif isinstance(draft_mask, int) and not every:
             if adapter is not None:  # the tokens from column `draft_mask` on draft: a delta on them alone
                 for linear, forward in _suffix_forwards(adapter, draft_mask):
                     overridden.append((linear, linear.__dict__.get("forward")))
                     linear.__dict__["forward"] = forward
-        elif adapter is not None and draft_mask is not None and draft_mask is not False:
-            select = None if draft_mask is True else draft_mask[:, :, None]
+        elif adapter is not None and draft_mask is not None:
+            select = None if every else draft_mask[:, :, None]
             for linear, a, b, scaling in adapter.entries():
                 hook = _delta_hook(a, b, scaling, select)
                 handles.append(linear.register_forward_hook(hook))
@@ -251,12 +254,8 @@ def _suffix_forward(linear: nn.Linear, a_cat: torch.Tensor, offset: int, rank: i
     its input group (`_suffix_forwards`). Under no_grad the `B` product is added in place in one op (`addmm_` /
     `baddbmm_` into the output's draft columns) where the dtypes agree.
 
-    An instance-level forward rather than a forward hook: a hooked module's call takes torch's slow path. Routing
-    cost of two branch segments per row on the bundled model's 56 adapted layers (2-core CPU; verify forward with
-    the segments routed minus the same width unrouted; an interleaved A/B of the three forms, medians of 4 passes):
-    one `A` and one `B` product plus an add per layer 6.6 / 7.3 / 11.9 ms at C = 1 B = 8 / C = 1 B = 16 / C = 4
-    B = 8, the shared `A` product 5.3 / 7.1 / 12.1 ms, shared `A` and fused `B`-add (this form) 4.5 / 7.1 / 7.6 ms;
-    serving branches at C = 1 B = 8 x1.04 of the first form."""
+    An instance-level forward rather than a forward hook: a hooked module's call takes torch's slow path. (Why
+    this form, measured against two others: CHANGELOG.md.)"""
     base = linear.forward  # the class's (or PEFT base layer's) own forward, bound, so a Linear subclass keeps its own
     whole = offset == 0 and rank == a_cat.shape[0]
     b_t = b.t()

@@ -18,7 +18,17 @@ from .draft_adapter import find_adapter, route
 
 class HFBackbone(Backbone):
     """Adapter for any HF causal LM trained for block drafting with a mask token (this project's model,
-    SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks."""
+    SDAR / Fast-dLLM v2 style Qwen checkpoints): both modes are just different masks.
+
+    A forward reaches the model's layers through three side channels besides its arguments, each set for the
+    forward's duration only and restored after; none can be an argument without costing speed:
+    * the runs of cache rows attention reads in place (`cache.use` -> `attention.set_runs`, a module global):
+      passed as data, a compiled graph would be guarded on them and recompile for every new layout of rows;
+    * which attention function the layers call (`config._attn_implementation_internal`, flipped to
+      `attention.ROW_RUNS`): transformers picks the function from the config, per layer, at call time;
+    * the drafting adapter's deltas (`draft_adapter.route`: an instance-level `forward` on each adapted Linear, or
+      hooks for a bool mask): a per-token LoRA through PEFT's own forward runs on every token and costs more.
+    """
 
     unmasked_steps = True
     row_runs = True  # the model's attention goes through transformers' attention interface (attention.py)
@@ -49,7 +59,7 @@ class HFBackbone(Backbone):
         return bool(layers) and all(m.config is config for m in layers)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                cache, draft_mask: torch.Tensor | bool | int | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+                cache, draft_mask: torch.Tensor | int | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """See `core.backbone.Backbone.forward`."""
         config = self.model.config
         in_place = getattr(cache, "row_runs", False)

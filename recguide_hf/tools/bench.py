@@ -368,8 +368,9 @@ def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, metho
         start = time.perf_counter()
         records = engine.serve(ids, slots=c)
         wall = time.perf_counter() - start
+    stats = engine.slots.stats
     return {"records": records, "wall": wall, "engine": engine, "compile_s": engine.compile_warmup_s or 0.0,
-            "engine_stats": {"forwards": engine.stats.total_forwards, "query_tokens": engine.stats.total_query_tokens}}
+            "engine_stats": {"forwards": stats.total_forwards, "query_tokens": stats.total_query_tokens}}
 
 
 def summarize(run: dict, reference: dict[int, list[int]] | None) -> dict:

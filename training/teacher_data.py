@@ -1,6 +1,7 @@
 """Greedy continuations of a FROZEN teacher for distilling the drafter (docs/algorithm.md §5).
 
-    python eval/teacher_data.py --teacher recguide_hf/bundled/recguide-tiny --minutes 8 --out data/distill/teacher.npz
+    python training/teacher_data.py --teacher recguide_hf/bundled/recguide-tiny --minutes 8 \\
+        --out data/distill/teacher.npz
 
 Prompts are random windows of the TRAINING split (never held-out text, never HumanEval); with
 `--docstring-share f`, a fraction f of the code windows instead END where a function's docstring closes (a

@@ -1,6 +1,6 @@
 """Turn a training run's final folder into the Hub model folder (weights, tokenizer, code shims, configs).
 
-    python eval/export_model.py runs/joint/final recguide_hf/bundled/recguide-tiny
+    python training/export_model.py runs/joint/final recguide_hf/bundled/recguide-tiny
 """
 
 from __future__ import annotations

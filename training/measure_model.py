@@ -1,6 +1,6 @@
 """Measure the bundled model for its model card: held-out AR loss, LinearSS tau, loopiness.
 
-    python eval/measure_model.py --model recguide_hf/bundled/recguide-tiny \
+    python training/measure_model.py --model recguide_hf/bundled/recguide-tiny \
         --out recguide_hf/bundled/recguide-tiny/eval_results.json
 
 * held-out AR loss / perplexity per corpus (code, prose) on fixed windows of the held-out files;

