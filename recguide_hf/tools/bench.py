@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationMixin
 
+from ..core.backbone import Backbone
 from ..core.config import DecodingConfig
 from ..core.engine import Engine, SamplingSettings
 from ..models.registry import as_backbone
@@ -172,30 +173,36 @@ class VirtualCosts:
                                    "host": 0.0} for b in blocks} for c in concurrencies}
         return {"costs": costs, "virtual": self.name, "source_file": str(self.path)}
 
+    def charged(self, backbone: Backbone) -> Backbone:
+        """`backbone` with every forward charged to this clock by its tokens: give it to the engine, whose clock is
+        `perf_counter`."""
+        return _Charged(backbone, self)
+
     @contextlib.contextmanager
-    def charging(self, backbone=None, hf_model=None):
-        """While inside: every forward of `backbone` (engine) or of `hf_model` (HF generate) is charged by its
-        tokens. (Whoever times them reads `perf_counter`: the engine takes it as its clock.)"""
-        handle = None
-        if backbone is not None:
-            forward = backbone.forward
-
-            def charged(input_ids, *args, **kwargs):
-                self.charge(input_ids.numel())
-                return forward(input_ids, *args, **kwargs)
-
-            backbone.forward = charged
-        if hf_model is not None:
-            handle = hf_model.register_forward_pre_hook(
-                lambda module, args, kwargs: self.charge(kwargs["input_ids"].numel() if kwargs.get("input_ids")
-                                                         is not None else args[0].numel()), with_kwargs=True)
+    def charging(self, hf_model):
+        """While inside: every forward of `hf_model` (HF generate) is charged by its tokens (a forward pre-hook)."""
+        handle = hf_model.register_forward_pre_hook(
+            lambda module, args, kwargs: self.charge(kwargs["input_ids"].numel() if kwargs.get("input_ids")
+                                                     is not None else args[0].numel()), with_kwargs=True)
         try:
             yield self
         finally:
-            if backbone is not None:
-                del backbone.forward
-            if handle is not None:
-                handle.remove()
+            handle.remove()
+
+
+class _Charged(Backbone):
+    """A backbone whose forwards cost a `VirtualCosts` clock their tokens (rows x query width), then run."""
+
+    def __init__(self, inner: Backbone, costs: VirtualCosts):
+        self.inner, self.costs = inner, costs
+        self.model, self.mask_token_id, self.unmasked_steps = inner.model, inner.mask_token_id, inner.unmasked_steps
+
+    def new_cache(self, num_rows: int, capacity: int):
+        return self.inner.new_cache(num_rows, capacity)
+
+    def forward(self, input_ids, *args, **kwargs):
+        self.costs.charge(input_ids.numel())
+        return self.inner.forward(input_ids, *args, **kwargs)
 
 
 def _strip(ids: list[int], pad: int, eos: list[int]) -> list[int]:
@@ -235,7 +242,7 @@ def run_hf(model, tokenizer, prompts: list[str], c: int, max_new: int, method: s
         if parse_method(method)[0] != "ar":
             raise ValueError(f"{method} has no virtual cost model (its draft model's forwards are not priced)")
         virtual.now = 0.0
-        with virtual.charging(hf_model=model):
+        with virtual.charging(model):
             return _run_hf(model, tokenizer, prompts, c, max_new, method, assistant, clock=virtual.perf_counter)
     from torch._dynamo.utils import counters
 
@@ -356,13 +363,13 @@ def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, metho
     eos = gen_config.eos_token_id
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
                                 pad_token_id=tokenizer.pad_token_id)
-    engine = Engine(as_backbone(model), config, settings, base_dir=getattr(model.config, "_name_or_path", None),
+    backbone = as_backbone(model) if virtual is None else virtual.charged(as_backbone(model))
+    engine = Engine(backbone, config, settings, base_dir=getattr(model.config, "_name_or_path", None),
                     clock=virtual.perf_counter if virtual is not None else time.perf_counter, phases=phases)
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if virtual is not None:
         virtual.now = 0.0
-        with virtual.charging(backbone=engine.backbone):
-            records = engine.serve(ids, slots=c)
+        records = engine.serve(ids, slots=c)
         wall = virtual.now
     else:
         start = time.perf_counter()

@@ -110,17 +110,14 @@ def run_engine_open(model, tokenizer, pool: list[list[int]], arrivals: list[floa
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
                                 pad_token_id=tokenizer.pad_token_id)
     clock = virtual.perf_counter if virtual is not None else time.perf_counter
-    engine = Engine(as_backbone(model), config, settings, base_dir=getattr(model.config, "_name_or_path", None),
-                    clock=clock)
+    backbone = as_backbone(model) if virtual is None else virtual.charged(as_backbone(model))
+    engine = Engine(backbone, config, settings, base_dir=getattr(model.config, "_name_or_path", None), clock=clock)
     engine.open(slots, max(map(len, pool)))
     reqs = [Timed(a, k % len(pool)) for k, a in enumerate(arrivals)]
     timeline: list[tuple[float, int, dict[int, int]]] = []  # (time, requests in flight, rows per block size)
     if virtual is not None:
         virtual.now = 0.0
-        with virtual.charging(backbone=engine.backbone):
-            _replay(engine, pool, reqs, timeline, clock, virtual)
-    else:
-        _replay(engine, pool, reqs, timeline, clock, None)
+    _replay(engine, pool, reqs, timeline, clock, virtual)
     return {"requests": reqs, "timeline": timeline}
 
 
