@@ -1,6 +1,7 @@
 """The wheel, used outside the repository: it carries the bundled model and the prompt sets, and its command line
 runs from any folder (nothing at run time reads `eval/` or `tests/`)."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -57,7 +58,10 @@ def test_the_installed_wheel_runs_from_another_folder(wheel, tmp_path):
     elsewhere.mkdir()
 
     def run(*args):
-        return subprocess.run([str(python), *args], cwd=elsewhere, capture_output=True, text=True, timeout=600,
+        return run_script(str(python), *args)
+
+    def run_script(*cmd):
+        return subprocess.run(list(cmd), cwd=elsewhere, capture_output=True, text=True, timeout=600,
                               stdin=subprocess.DEVNULL)
 
     where = run("-c", "import recguide_hf; print(recguide_hf.__file__, recguide_hf.BUNDLED_MODEL)")
@@ -70,3 +74,13 @@ def test_the_installed_wheel_runs_from_another_folder(wheel, tmp_path):
                 "--out", str(tmp_path / "bench"))
     assert bench.returncode == 0, bench.stderr[-2000:]
     assert (tmp_path / "bench" / "bench.json").exists()
+    # the console script the wheel installs (its entry point names the CLI's module), small settings
+    recguide = str(env_dir / "bin" / "recguide")
+    profile = run_script(recguide, "profile", "--concurrency", "1", "--block-sizes", "1", "4", "--repeats", "1",
+                         "--out", str(tmp_path / "cost_table.json"))
+    assert profile.returncode == 0, profile.stderr[-2000:]
+    assert json.loads((tmp_path / "cost_table.json").read_text())["costs"]["1"]["4"]["verify"]
+    calibrate = run_script(recguide, "calibrate", "--num-prompts", "4", "--block-sizes", "1", "4",
+                           "--max-new-tokens", "24", "--signal", "accepted", "--out", str(tmp_path / "values.json"))
+    assert calibrate.returncode == 0, calibrate.stderr[-2000:]
+    assert "4" in json.loads((tmp_path / "values.json").read_text())["values"]
