@@ -83,7 +83,7 @@ def policy_table(res: Path) -> str:
     for row in rows:
         row["same"] = all(v for m, v in row["equal_hf_greedy"].items() if m != "hf-ar")
     context = {"run": run, "env": run["environment"], "rows": rows, "methods": list(rows[0]["tok_s"]),
-               "virtual": None}
+               "virtual": None, "closed": None}
     virtual = res / "virtual_b200_policy" / "bench.json"
     if virtual.exists():
         v = json.loads(virtual.read_text())
@@ -96,6 +96,20 @@ def policy_table(res: Path) -> str:
             best = max(others, key=others.get)
             parts.append((c, rows_c["recguide"]["aggregate_tps"] / others[best], best))
         context.update(virtual=v, virtual_parts=parts, virtual_same=all(r["equal_to_ar"] for r in v["rows"]))
+    closed = res / "policy_closed_loop" / "bench.json"
+    context["closed"] = json.loads(closed.read_text()) if closed.exists() else None
+    if context["closed"]:
+        by_c: dict[int, dict[str, dict]] = {}
+        for r in context["closed"]["rows"]:
+            by_c.setdefault(r["concurrency"], {})[r["method"]] = r
+        context["closed_rows"] = []
+        for c, rows_c in sorted(by_c.items()):
+            others = {m: r["aggregate_tps"] for m, r in rows_c.items() if m != "recguide"}
+            best = max(others, key=others.get)
+            context["closed_rows"].append({"c": c, "rows": rows_c, "best": best,
+                                           "ratio": rows_c["recguide"]["aggregate_tps"] / others[best],
+                                           "same": all(r["equal_to_ar"] for r in rows_c.values())})
+        context["closed_methods"] = list(by_c[min(by_c)])
     return render("policy.md", **context)
 
 
