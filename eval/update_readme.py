@@ -16,6 +16,7 @@ of docs/lm_eval.md (between its parity markers).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -41,22 +42,28 @@ class Raw(str):
     """A block already in Markdown (a table another module writes): placed as it is, never re-wrapped."""
 
 
-def render(name: str, **context) -> str:
-    """`eval/readme/<name>` filled with `context`. Templates wrap their prose at 120 columns for reading; a line
-    that continues a paragraph (not a table row, image, heading, list item, or a blank line) is joined to the
-    line before it with one space, so the README keeps one line per paragraph as before."""
+@functools.cache
+def _templates():
+    """The one Jinja2 environment over eval/readme/ (every render reads its templates through it)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["fmt"] = format
     env.globals.update(yes=lambda ok: "yes" if ok else "NO")
+    return env
+
+
+def render(name: str, **context) -> str:
+    """`eval/readme/<name>` filled with `context`. Templates wrap their prose at 120 columns for reading; a line
+    that continues a paragraph (not a table row, image, heading, list item, or a blank line) is joined to the
+    line before it with one space, so the README keeps one line per paragraph as before."""
     raws = {}
     for key, value in list(context.items()):
         if isinstance(value, Raw):
             raws[key] = value
             context[key] = f"\x00{key}\x00"
-    text = env.get_template(name).render(**context)
+    text = _templates().get_template(name).render(**context)
     out: list[str] = []
     for line in text.split("\n"):
         prev = out[-1] if out else ""
@@ -87,30 +94,29 @@ def policy_table(res: Path) -> str:
     virtual = res / "virtual_b200_policy" / "bench.json"
     if virtual.exists():
         v = json.loads(virtual.read_text())
-        by_c: dict[int, dict[str, dict]] = {}
-        for r in v["rows"]:
-            by_c.setdefault(r["concurrency"], {})[r["method"]] = r
-        parts = []
-        for c, rows_c in sorted(by_c.items()):
-            others = {m: r["aggregate_tps"] for m, r in rows_c.items() if m != "recguide"}
-            best = max(others, key=others.get)
-            parts.append((c, rows_c["recguide"]["aggregate_tps"] / others[best], best))
-        context.update(virtual=v, virtual_parts=parts, virtual_same=all(r["equal_to_ar"] for r in v["rows"]))
+        context.update(virtual=v, virtual_parts=against_best_other(v["rows"]),
+                       virtual_same=all(r["equal_to_ar"] for r in v["rows"]))
     closed = res / "policy_closed_loop" / "bench.json"
     context["closed"] = json.loads(closed.read_text()) if closed.exists() else None
     if context["closed"]:
-        by_c: dict[int, dict[str, dict]] = {}
-        for r in context["closed"]["rows"]:
-            by_c.setdefault(r["concurrency"], {})[r["method"]] = r
-        context["closed_rows"] = []
-        for c, rows_c in sorted(by_c.items()):
-            others = {m: r["aggregate_tps"] for m, r in rows_c.items() if m != "recguide"}
-            best = max(others, key=others.get)
-            context["closed_rows"].append({"c": c, "rows": rows_c, "best": best,
-                                           "ratio": rows_c["recguide"]["aggregate_tps"] / others[best],
-                                           "same": all(r["equal_to_ar"] for r in rows_c.values())})
-        context["closed_methods"] = list(by_c[min(by_c)])
+        context["closed_rows"] = against_best_other(context["closed"]["rows"])
+        context["closed_methods"] = list(context["closed_rows"][0]["rows"])
     return render("policy.md", **context)
+
+
+def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
+    """Per C of a bench run, ascending: its rows by method, the fastest other method, `ours` / it in aggregate
+    tokens/s, and whether every method's output equalled HF greedy there."""
+    by_c: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by_c.setdefault(r["concurrency"], {})[r["method"]] = r
+    out = []
+    for c, rows_c in sorted(by_c.items()):
+        others = {m: r["aggregate_tps"] for m, r in rows_c.items() if m != ours}
+        best = max(others, key=others.get)
+        out.append({"c": c, "rows": rows_c, "best": best, "ratio": rows_c[ours]["aggregate_tps"] / others[best],
+                    "same": all(r["equal_to_ar"] for r in rows_c.values())})
+    return out
 
 
 def serving_results(res: Path) -> str:
@@ -148,10 +154,8 @@ def speed_sentence(bench: dict) -> str:
     by = {(r["method"], r["concurrency"]): r for r in bench["rows"]}
     cs = sorted(c for m, c in by if m == "recguide" and ("ar", c) in by)
     ratio = {c: by[("recguide", c)]["aggregate_tps"] / by[("ar", c)]["aggregate_tps"] for c in cs}
-    best = {}  # the fastest other method at each C: what a user could have picked instead
-    for c in cs:
-        other = max((r for (m, cc), r in by.items() if cc == c and m != "recguide"), key=lambda r: r["aggregate_tps"])
-        best[c] = (other["method"], by[("recguide", c)]["aggregate_tps"] / other["aggregate_tps"])
+    # the fastest other method at each C: what a user could have picked instead
+    best = {p["c"]: (p["best"], p["ratio"]) for p in against_best_other(bench["rows"]) if p["c"] in cs}
     from recguide_hf.tools.bench import HF_AR, parse_method
 
     hf = {}  # HF's fastest autoregressive path at each C (plain, static cache, compiled, continuous batching)

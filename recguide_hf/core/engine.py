@@ -425,12 +425,13 @@ class Engine:
         slots.stats.record_forward(rows, 1)
         one, none = torch.ones_like(count), torch.zeros_like(count)
         scores = self.processor(slots.seq, slots.prompt_width, count, rows, seeds, logits, one)
-        empty = DraftBlock(seeds[:, :0], None, None, scores.new_zeros(r, 0, scores.shape[-1]))
+        no_drafts = seeds[:, :0]  # [R, 0]
         if self.settings.do_sample:  # the bonus token of an empty block, drawn as `_round` draws it
+            empty = DraftBlock(no_drafts, None, None, scores.new_zeros(r, 0, scores.shape[-1]))
             verdict = self._accept(empty, scores, none)
         else:
             verdict = Verdict(none, scores[:, 0].argmax(-1))
-        emitted = self._commit(rows, empty.ids, verdict)
+        emitted = self._commit(rows, no_drafts, verdict)
         slots.pending.has[rows] = False
         entropy = verifier_entropy(scores, none, one) if self.wants_entropy else None
         slots.stats.record_round(rows, 1, emitted, none, none, torch.full_like(count, -1), False, entropy)

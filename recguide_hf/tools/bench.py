@@ -651,16 +651,24 @@ def compile_table(result: dict, method: str = "recguide") -> str | None:
     return "\n".join(lines)
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
-    """The frontier and TPF / tau plots (none, with a note, where matplotlib is not installed)."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (with a note) where matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install 'recguide-hf[eval]')")
-        return []
-
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(result: dict, out_dir: Path) -> list[Path]:
+    """The frontier and TPF / tau plots (none, with a note, where matplotlib is not installed)."""
+    plt = pyplot()
+    if plt is None:
+        return []
 
     env = result.get("environment", {})
     footer = f"{env.get('hardware', '')} | torch {env.get('torch', '')} | commit {env.get('git_commit', '')}"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..core.engine import Engine, SamplingSettings
 from ..models.registry import as_backbone
-from .bench import VirtualCosts, _engine_config, _strip, cb_settings, parse_method
+from .bench import VirtualCosts, _engine_config, _strip, cb_settings, parse_method, pyplot
 
 
 # ---------------------------------------------------------------- traces
@@ -289,13 +289,9 @@ def verdict(rows: list[dict], ours: str = "recguide") -> str | None:
 
 def plot_open(result: dict, out_dir: Path) -> list[Path]:
     """Requests in flight over time (with recguide's rows per block size), and latency CDFs."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("plots skipped: matplotlib is not installed (pip install 'recguide-hf[eval]')")
+    plt = pyplot()
+    if plt is None:
         return []
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     files = []
     runs = result["runs"]

@@ -48,8 +48,6 @@ def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = Non
     lengths = cache.lengths[rows.cpu()].to(rows.device)
     pads = torch.zeros_like(lengths)
     ids = torch.randint(4, backbone.vocab_size, (rows.numel(), q), device=rows.device)
-    # as the engine passes it: none, all (0: a draft forward) or the branch segments (every column from b on)
-    draft_mask = draft_from
 
     def once() -> float:
         binding = cache.prepare(rows, q)
@@ -62,7 +60,8 @@ def _forward_timer(backbone, cache, rows, q, intra, draft_from: int | None = Non
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        forward(ids, pos, mask, cache, draft_mask=draft_mask)
+        # as the engine passes it: none, all (0: a draft forward) or the branch segments (every column from b on)
+        forward(ids, pos, mask, cache, draft_mask=draft_from)
         if backbone.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
