@@ -49,8 +49,8 @@ class Recording(BlockPolicy):
         self.corrected: dict[int, list[float]] = defaultdict(list)  # block -> the same, corrected online
         self.priced: list[tuple[int, int, float, float]] = []  # (rows, block, table x factor, measured seconds)
 
-    def plan(self, rows, pending_has):
-        planned = super().plan(rows, pending_has)
+    def plan(self, rows, pending_has, remaining=None):
+        planned = super().plan(rows, pending_has, remaining)
         if self.auto and self.costs is not None and self.values is not None:
             for b, e in zip(planned.tolist(), self.signals.expected[rows.cpu()].tolist()):
                 self.predicted[b].append(e + 1)

@@ -42,7 +42,7 @@ class Alternate(BlockPolicy):
         super().start(num_rows)
         self.turns = torch.zeros(num_rows, dtype=torch.long)  # rounds planned per slot
 
-    def plan(self, rows, pending_has):
+    def plan(self, rows, pending_has, remaining=None):
         self.turns[rows.cpu()] += 1
         return torch.where((rows + self.turns[rows.cpu()].to(rows.device)) % 2 == 1, 1, 8)
 
@@ -420,7 +420,7 @@ def test_a_whole_batch_stop_leaves_the_token_counts_true():
     true = [10 + i for i in range(200)]
 
     class TwoBuckets(BlockPolicy):
-        def plan(self, rows, pending_has):
+        def plan(self, rows, pending_has, remaining=None):
             return torch.where(rows % 2 == 0, 8, 4)
 
     class AnyRowAt(StoppingCriteria):

@@ -137,6 +137,28 @@ def test_plain_step_is_the_fallback_when_drafts_do_not_pay():
     assert choose(narrowed, 8, -3.0, 8, False) == 8  # the paper's set: no fallback
 
 
+def test_a_request_near_its_limit_is_valued_at_what_it_may_still_emit():
+    """A round yields at most the tokens its request may still emit, and a leftover short of a steady round
+    costs one more round: a confident request that drafts 32 with plenty left takes a plain step one token
+    from its limit, a cheaper block three tokens from it, and still finishes in one B = 32 round twelve from it
+    (flat prices: V_8 / V_16 / V_32 = 5.5 / 9.5 / 12 for the same 0.02 s; a plain step 1 token for 0.006 s)."""
+    costs, values = _tables(flat_cost=True, step=0.006)
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+
+    def planned(remaining):
+        policy.start(1)
+        policy.signals.entropy[:] = 0.1  # confident: V_32 = 12
+        policy.signals.last_block[:] = 32
+        policy.signals.last_full[:] = True
+        left = None if remaining is None else torch.tensor([remaining])
+        return int(policy.plan(torch.arange(1), torch.zeros(1, dtype=torch.bool), left)[0])
+
+    assert planned(None) == planned(64) == planned(12) == 32
+    assert planned(1) == 1  # was 32: V_32 = 12 for a round that can emit one token
+    assert planned(3) == 8  # min(V_B, 3) = 3 for every B > 1 at the same price: the leftover decides
+    assert planned(6) in (16, 32)  # V_16 >= 6 finishes it; a plain step would leave 5 for another round
+
+
 def test_the_engine_work_of_a_round_is_priced_too():
     """`host` (the engine's work per round outside the forwards, `recguide profile`) is part of a round's cost:
     every round pays it, plain steps included, so when it is large next to a plain step more rounds of one
@@ -334,12 +356,30 @@ def test_branch_rule_follows_measured_costs():
     assert not BlockPolicy(cfg, dear).branches_on(1, 16)
 
 
+def test_branches_pay_only_for_the_draft_work_they_remove():
+    """A branch hit lets its row skip the next draft forward, but the forward still runs for the rows that missed.
+    With a draft forward as dear for 4 rows as for 1 (memory-bound) and a hit rate of 1/3 (the prior), branches
+    pay at 1 row (saving h x 10 ms > 1 ms of extra verify) and not at 4 rows (saving ~ h^4 x 10 ms = 0.12 ms);
+    where the draft forward's cost grows with its rows they still pay at 4 rows (4 x 10 ms less 4 x 2/3 x 10 ms)."""
+    cfg = DecodingConfig(block_size=16)
+
+    def table(draft_at_4):
+        verify = [0.01, 0.0105, 0.011, 0.0115]  # 2 segments per row (the prior) add 1 ms
+        return CostTable({"costs": {"1": {"16": {"draft": 0.01, "verify": verify}},
+                                    "4": {"16": {"draft": draft_at_4, "verify": verify}}}})
+
+    flat, growing = BlockPolicy(cfg, table(0.01)), BlockPolicy(cfg, table(0.04))
+    assert flat.branches_on(1, 16) and not flat.branches_on(4, 16)
+    assert growing.branches_on(1, 16) and growing.branches_on(4, 16)
+    assert flat._draft_saved(4, 16, 1.0) == pytest.approx(0.01) and flat._draft_saved(4, 16, 0.0) == 0.0
+
+
 def test_bucketing_one_forward_per_bucket():
     true = [10 + i for i in range(200)]
     mock = MockBackbone(true, list(true))
 
     class TwoBuckets(BlockPolicy):
-        def plan(self, rows, pending_has):
+        def plan(self, rows, pending_has, remaining=None):
             return torch.where(rows % 2 == 0, 4, 8)
 
     cfg = DecodingConfig(mode="linear", block_size=8)
@@ -524,7 +564,10 @@ def test_the_engine_feeds_the_acceptance_it_meets_to_the_policy():
     """An engine whose drafts are always wrong (MockBackbone: the draft tokens differ from the true text): the
     table promises 3 tokens a round at B = 4 for twice a plain step's price, so the first round drafts; every
     round of B = 4 reports what it predicted and what was accepted (0), and the policy falls back to plain steps.
-    With `recguide_online_values=False` it keeps drafting. Both emit the true text."""
+    With `recguide_online_values=False` it keeps drafting (one token a round, V_4 = 3 by the table) but for its last
+    few tokens, where a round is worth only what the request may still emit (`_to_the_limit`): 5 and 4 left take
+    plain steps (B = 4 would leave 2 / 1, short of a steady round), 3 left a B = 4 round (the table says it
+    finishes; the drafts are wrong, so it makes one), 2 and 1 left plain steps. Both emit the true text."""
     true = [10 + i for i in range(200)]
     costs = CostTable({"costs": {str(c): {"1": {"draft": 0.0, "verify": [0.010 * c] * 4},
                                           "4": {"draft": 0.010 * c, "verify": [0.010 * c] * 4}} for c in (1, 8)}})
@@ -541,7 +584,8 @@ def test_the_engine_feeds_the_acceptance_it_meets_to_the_policy():
         if learns:
             assert policy.value_scale(4) < 0.6 and policy.prices.values.made[4] == 0.0
             assert policy.prices.values.expected[4] > 0
-    assert mix[False] == {4: 2 * 24} and mix[True].get(4, 0) <= 2 * 3 and mix[True][1] >= 2 * 20
+    assert mix[False] == {4: 2 * 20, 1: 2 * 4}
+    assert mix[True].get(4, 0) <= 2 * 3 and mix[True][1] >= 2 * 20
 
 
 def test_the_engine_reports_each_buckets_round_time(model):

@@ -280,7 +280,8 @@ class Engine:
             return False
         timed = self.policy.online
         with self.phases("plan"):
-            buckets = list(self.policy.buckets(active, self.slots.pending.has))
+            remaining = self.slots.limit[active] - self.slots.count[active]
+            buckets = list(self.policy.buckets(active, self.slots.pending.has, remaining))
         for block, rows in buckets:
             if self.stopper.ended:  # the user's criteria ended the whole batch in an earlier bucket
                 break

@@ -13,6 +13,10 @@ have bought at the best fixed block, where
   verifier entropy of the last two rounds (docs/algorithm.md §2.3's certainty), or the mean drafts they accepted, each
   capped at B_{t-1} - 1 (recent verification outcomes; 0 after a plain step), which needs no entropy pass;
   `V_1 = 1` exactly: a plain step always yields one token;
+* near its limit (max_new_tokens) a request's round is worth only min(V_B, r) of the r tokens it may still
+  emit, less what its leftover will cost beyond the steady rate when that leftover is shorter than a round
+  of the best steady block (one more round must still be paid for it: `_to_the_limit`). A request one token
+  from its limit takes a plain step; one a round away finishes in this round; far from it nothing changes;
 * `T_n(B)` is the measured seconds of a LinearSS round of block B for n rows: its draft and verify
   forwards plus the engine's own work around them (profile.py); `T_n(1)` is one plain decoding step (no
   draft forward). Requests are bucketed by B, one
@@ -53,7 +57,9 @@ concurrency appears anywhere: load enters only through the measured `T`.
 
 Branches (docs/algorithm.md §2.2) ride in a verify forward only when the measured costs say they pay: the extra
 query tokens cost `T_verify(C, B, S) - T_verify(C, B, 0)` for S segments per row, and they save an expected
-`h * T_draft(C, B)` (h = branch hit rate, observed during the call; prior from calibration). At low load
+`T_draft(C, B) - E T_draft(M, B)`, M ~ Binomial(C, 1 - h) the rows whose branch missed, which the next draft
+forward still covers (h = branch hit rate, observed during the call; prior from calibration). Where a forward
+costs the same for 1 row as for C (memory-bound), that is about h^C T_draft: only all rows hitting saves it. At low load
 the extra tokens are nearly free and branches stay; as load grows they are dropped, by the same rule.
 Without a cost table branches are always carried.
 """
@@ -287,8 +293,10 @@ class BlockPolicy:
         """V'_B = 1 + a_B (V_B - 1), within [1, B]: the table's expected drafts accepted [..., K], times a_B [K]."""
         return (1 + scale * (value - 1)).clamp(min=1.0).minimum(self._sizes.to(value.dtype))
 
-    def plan(self, rows: torch.Tensor, pending_has: torch.Tensor) -> torch.Tensor:
-        """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring)."""
+    def plan(self, rows: torch.Tensor, pending_has: torch.Tensor,
+             remaining: torch.Tensor | None = None) -> torch.Tensor:
+        """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring).
+        `remaining` [R]: the tokens each request may still emit (None: unbounded; `_to_the_limit`)."""
         if not self.auto:
             return torch.full_like(rows, self.candidates[0])
         if self.costs is None or self.values is None:
@@ -310,6 +318,8 @@ class BlockPolicy:
             value, means = self._corrected(table, scale), self._corrected(means, scale)
         factors = self._factors()  # once per round: the load's prices and every bucket's read them
         rho, seconds = self._load(c, factors, means)
+        if remaining is not None:
+            value = _to_the_limit(value, remaining.cpu(), means, rho * seconds)
         own = (value - rho * seconds).argmax(1)  # each request's own best block
         pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
         if not bool(pinned.any()):
@@ -333,9 +343,9 @@ class BlockPolicy:
         sig.expected[rc] = (table.gather(1, best[:, None]).squeeze(1) - 1).float()  # what the table alone said
         return self._sizes[best].to(rows.device)
 
-    def buckets(self, rows: torch.Tensor, pending_has: torch.Tensor):
+    def buckets(self, rows: torch.Tensor, pending_has: torch.Tensor, remaining: torch.Tensor | None = None):
         """Yield (block size, rows) groups: one draft and one verify forward per group."""
-        planned = self.plan(rows, pending_has)
+        planned = self.plan(rows, pending_has, remaining)
         for block in planned.unique().tolist():
             yield int(block), rows[planned == block]
 
@@ -344,10 +354,37 @@ class BlockPolicy:
         """Whether this verify forward should carry branches: expected draft time saved > extra verify time."""
         if self.costs is None:
             return True
-        h = self.hits / self.branch_rounds
+        h = min(self.hits / self.branch_rounds, 1.0)
         segments = self.segments_seen / self.segment_rows
         extra = self.costs.verify(num_rows, block, segments) - self.costs.verify(num_rows, block, 0)
-        return h * self.costs.draft(num_rows, block) > extra
+        return self._draft_saved(num_rows, block, h) > extra
+
+    def _draft_saved(self, num_rows: int, block: int, h: float) -> float:
+        """Expected draft seconds a round's branches save: the next draft forward runs over the rows whose branch
+        missed (each hits with probability h), so it shrinks to T_draft(misses) and is skipped only when every
+        row hit. Where a forward's cost is flat in its rows (memory-bound) that is about h^R T_draft, not
+        h T_draft: at 4 rows and h = 1/3, branches cost more verify work than they save."""
+        full = self.costs.draft(num_rows, block)
+        expected = sum(math.comb(num_rows, k) * (1 - h) ** k * h ** (num_rows - k) * self.costs.draft(k, block)
+                       for k in range(1, num_rows + 1))
+        return full - expected
+
+
+def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means: torch.Tensor, price: torch.Tensor):
+    """[R, K] a round's worth in tokens for requests that may emit only `remaining` [R] more: what it can emit,
+    min(V_B, remaining), less what its leftover x = remaining - that will cost beyond the steady rate. The plan's
+    rule values a round's tokens against rho x its time as if decoding went on for ever; near its limit a request
+    has one more round to pay for its last x tokens (x below a round of the best steady block), whose cheapest
+    round that makes x on average (`means` [K] >= x) costs `price` [K] = rho T_C(B) token-equivalents where the
+    steady rate charged x. So a request one token from its limit takes a plain step, one a block's worth away
+    finishes in this round, and far from its limit the rule is unchanged."""
+    made = value.minimum(remaining[:, None].to(value.dtype))
+    left = remaining[:, None] - made  # [R, K]
+    steady = float(means[int((means / price).argmax())])  # a round of the best steady block makes this many
+    enough = means[None, None, :] >= left[..., None]  # [R, K, K'] rounds of B' that make the leftover
+    finish = torch.where(enough, price[None, None, :], math.inf).amin(-1)  # [R, K] its cheapest such round
+    extra = torch.where((left > 0) & (left < steady) & finish.isfinite(), (finish - left).clamp(min=0), 0.0)
+    return made - extra
 
 
 def _check_covered(what: str, wanted: list[int], have: list[int]):
