@@ -100,8 +100,10 @@ class Timed:
 
 
 def run_engine_open(model, tokenizer, pool: list[list[int]], arrivals: list[float], max_new: int, method: str,
-                    slots: int, virtual: VirtualCosts | None = None, virtual_table: str | None = None) -> dict:
-    """Replay `arrivals` (request k asks for prompt `pool[k % len(pool)]`) into the engine's continuous batching."""
+                    slots: int, virtual: VirtualCosts | None = None, virtual_table: str | None = None,
+                    policy=None) -> dict:
+    """Replay `arrivals` (request k asks for prompt `pool[k % len(pool)]`) into the engine's continuous batching.
+    `policy`: a block-size scheduler in place of the method's own (eval/open_loop_ceiling.py's load oracle)."""
     gen_config = model.generation_config
     config = _engine_config(method, gen_config)
     if virtual is not None and config.mode == "recguide":
@@ -111,7 +113,8 @@ def run_engine_open(model, tokenizer, pool: list[list[int]], arrivals: list[floa
                                 pad_token_id=tokenizer.pad_token_id)
     clock = virtual.perf_counter if virtual is not None else time.perf_counter
     backbone = as_backbone(model) if virtual is None else virtual.charged(as_backbone(model))
-    engine = Engine(backbone, config, settings, base_dir=getattr(model.config, "_name_or_path", None), clock=clock)
+    engine = Engine(backbone, config, settings, policy=policy, base_dir=getattr(model.config, "_name_or_path", None),
+                    clock=clock)
     engine.open(slots, max(map(len, pool)))
     reqs = [Timed(a, k % len(pool)) for k, a in enumerate(arrivals)]
     timeline: list[tuple[float, int, dict[int, int]]] = []  # (time, requests in flight, rows per block size)
