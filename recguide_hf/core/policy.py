@@ -2,9 +2,8 @@
 
 Fixed mode: every request uses the configured B (B = 1: plain decoding steps in the engine).
 
-"auto" (docs/algorithm.md §2.3), one rule: each round, the plan (a block size for every active request) that maximises
-`sum_r V_B_r(s_r, z_r) - C * rho_C * sum_buckets T_n(B)`, expected tokens minus what the round's time would
-have bought at the best fixed block, where
+"auto" (docs/algorithm.md §2.3), one rule: each round, the plan (a block size for every active request) with the most
+expected tokens per second, `sum_r V_B_r(s_r, z_r) / sum_buckets T_n(B)`, where
 * the candidates are the block sizes the cost table measured on this hardware (`recguide profile`), by
   default {1, 2, 4, 8, 16, 32, 64}; `recguide_block_sizes` narrows them (the paper's set: [8, 16, 32]);
 * `V_B(s, z)` is the calibrated expected progress (tokens per round) given the signal `s_t` and state
@@ -22,13 +21,22 @@ have bought at the best fixed block, where
   draft forward). Requests are bucketed by B, one
   draft and one verify forward per bucket, so the round costs the SUM over its buckets: splitting a batch
   is priced, and on hardware where a forward has a large fixed cost a split must earn it;
-* `rho_C = max_B mean(V_B) / T_C(B)` per request (set it with `recguide_rho`);
+* that is the paper's `argmax V_B - rho T(B)` with rho at the round's own best rate, the rate these requests'
+  states allow, rather than `rho_C = max_B mean(V_B) / T_C(B)`, the best fixed block's rate on average. A hard
+  stretch of text (a state in which every block accepts little) lasts so many tokens, not so much time: a plain
+  step does not leave it sooner, so what a round's time is worth there is the rate those tokens can be made at.
+  Valued at the average rate, time looked dear in exactly those stretches and the policy took plain steps
+  through them where a block round still made its tokens faster (on the CPU at C = 1: 46% plain rounds, x0.88
+  of linear-16). Where plain steps are fastest on average (high load) the two agree: a block is chosen only
+  where its rate beats a plain step's. `recguide_rho` set to a number weighs time by it instead: the plan with
+  the most `sum V - C rho T` (rho = 0: the most tokens per round, whatever they cost);
+  `rho_C` still prices a request's last tokens (`_to_the_limit`);
 * online (`recguide_online_costs`, on by default): the table was measured on static batches at one prefix
   length, while a served call has other lengths, admissions and a busy host. The engine times every
   bucket's round; `g` is the running mean of log(measured / table) over all rounds and `d_B` that of B's
   rounds above `g`, and after n_B rounds of B, with w = n_B / (n_B + prior), `T_n(B)` reads the table's
   price times exp(g + w d_B - (1 - w) u). Only the per-B part can change a plan (a factor common to every
-  B cancels against rho). `u` (`recguide_online_optimism`, 0.03) is optimism for what has not been
+  B scales every plan's time alike). `u` (`recguide_online_optimism`, 0.03) is optimism for what has not been
   measured: a size within ~3% of the best gets tried and is then read as measured, while a size the table
   prices far worse is never tried. `prior` (`recguide_online_prior`, 8 rounds) is the table's weight. The
   defaults come from a sweep on the bundled model (README): the measured relative prices stayed within a
@@ -39,9 +47,13 @@ have bought at the best fixed block, where
   prompts, and unseen prompts accept more or fewer drafts (on held-out HumanEval the bundled table predicted
   4.69 tokens a round at B = 8 where rounds made 4.01). Every round of B > 1 compares the drafts its rows
   accepted with the drafts the table predicted for them (`V_B - 1`, rows whose block their limit did not cut);
-  `a_B` = accepted / predicted over the call's rounds of B, shrunk toward the same ratio over all block sizes
-  (so a size not run yet moves with the others), which is shrunk toward 1 by `VALUE_PRIOR` predicted drafts.
-  The plan then reads `V'_B = 1 + a_B (V_B - 1)` (within [1, B]), and rho the corrected means. Old rounds
+  `a` = accepted / predicted over the call's rounds, shrunk toward 1 by `VALUE_PRIOR` predicted drafts. One
+  ratio for every block size, not one per size: the plan gives a size the rows the table rates highest for
+  it, which are also the rows where the table errs high (its cells err both ways on unseen prompts), so a
+  per-size ratio learnt from them under-rated that size everywhere and, no longer chosen, it never learnt
+  otherwise (under the B200 table at C = 2, a_16 fell to 0.80 within a few rounds and B = 16 was not chosen
+  again: 794 tok/s against linear-16's 828, whose own rounds made what the table predicted to 1%).
+  The plan then reads `V'_B = 1 + a (V_B - 1)` (within [1, B]), and rho the corrected means. Old rounds
   fade with every row-round that follows (`VALUE_HORIZON`), plain steps included, so a server follows its
   prompts and a policy that fell back to B = 1 drifts back toward the table and drafts again; `generate`
   keeps the correction with the prices.
@@ -49,7 +61,7 @@ The policy learns only through `observe(RoundOutcome)`, one call per bucket roun
 (`Signals`: the state and signal `V_B` reads), the measured price, the acceptance, the branch hit rate.
 
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
-`argmax_B V_B - rho_C T_C(B)`. A request's first round (no history) reads `V_B` of first rounds,
+`argmax_B V_B / T_C(B)`. A request's first round (no history) reads `V_B` of first rounds,
 calibrated apart: right after a prompt far fewer drafts are accepted than later. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
 forward at this load the round is a plain step, and the round after may speculate again. No threshold on
@@ -149,30 +161,27 @@ class OnlinePrices:
 
 
 class OnlineValues:
-    """Drafts accepted against drafts the value table predicted, per block size (module docstring, "online
-    values"): the table was fitted on the calibration prompts, and served prompts accept more or less."""
+    """Drafts accepted against drafts the value table predicted, over the rounds that drafted (module docstring,
+    "online values"): the table was fitted on the calibration prompts, and served prompts accept more or less."""
 
     def __init__(self):
-        self.made: dict[int, float] = {}  # faded sums of drafts accepted, per B
-        self.expected: dict[int, float] = {}  # faded sums of drafts predicted accepted, per B
+        self.made = 0.0  # faded sum of drafts accepted
+        self.expected = 0.0  # faded sum of drafts the table predicted accepted
 
     def fade(self, row_rounds: int):
-        """Older rounds weigh less as rounds of any block size go by (plain steps included, so a policy that
-        settled on B = 1 on hard prompts drifts back toward the table and tries drafting again)."""
+        """Older rounds weigh less as rounds go by (plain steps included, so a policy that settled on B = 1 on
+        hard prompts drifts back toward the table and tries drafting again)."""
         f = math.exp(-row_rounds / VALUE_HORIZON)
-        for sums in (self.made, self.expected):
-            for b in sums:
-                sums[b] *= f
+        self.made *= f
+        self.expected *= f
 
-    def observe(self, block: int, expected: float, made: float):
-        self.made[block] = self.made.get(block, 0.0) + made
-        self.expected[block] = self.expected.get(block, 0.0) + expected
+    def observe(self, expected: float, made: float):
+        self.made += made
+        self.expected += expected
 
-    def scale(self, block: int) -> float:
-        """a_B: observed / predicted drafts accepted at B, shrunk toward the common ratio over all B, which is
-        itself shrunk toward 1 (the table) by VALUE_PRIOR drafts of pseudo-evidence."""
-        common = (sum(self.made.values()) + VALUE_PRIOR) / (sum(self.expected.values()) + VALUE_PRIOR)
-        return (self.made.get(block, 0.0) + VALUE_PRIOR * common) / (self.expected.get(block, 0.0) + VALUE_PRIOR)
+    def scale(self) -> float:
+        """a: observed / predicted drafts accepted, shrunk toward 1 (the table) by VALUE_PRIOR drafts."""
+        return (self.made + VALUE_PRIOR) / (self.expected + VALUE_PRIOR)
 
 
 class BlockPolicy:
@@ -252,8 +261,7 @@ class BlockPolicy:
             expected = self.signals.expected[rows]
             whole = (drafts == out.block - 1) & ~expected.isnan()  # a block its request's limit cut says less
             if bool(whole.any()):
-                self.prices.values.observe(out.block, float(expected[whole].sum()),
-                                           float(out.accepted.cpu()[whole].sum()))
+                self.prices.values.observe(float(expected[whole].sum()), float(out.accepted.cpu()[whole].sum()))
         if out.branch_hits is not None:
             self.hits += out.branch_hits
             self.branch_rounds += out.rows.numel()
@@ -284,13 +292,15 @@ class BlockPolicy:
         return self.prices.factor(block, self.config.online_optimism, self.config.online_prior)
 
     def value_scale(self, block: int) -> float:
-        """a_B: how much more (> 1) or less than the value table predicted rounds of `block` have accepted."""
+        """a: how much more (> 1) or less than the value table predicted drafting rounds have accepted (1 for
+        B = 1: a plain step always yields one token)."""
         if not self.learns_values or block == 1:
             return 1.0
-        return self.prices.values.scale(block)
+        return self.prices.values.scale()
 
     def _corrected(self, value: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """V'_B = 1 + a_B (V_B - 1), within [1, B]: the table's expected drafts accepted [..., K], times a_B [K]."""
+        """V'_B = 1 + a_B (V_B - 1), within [1, B]: the table's expected drafts accepted [..., K], times a_B [K]
+        (a for B > 1, 1 for B = 1)."""
         return (1 + scale * (value - 1)).clamp(min=1.0).minimum(self._sizes.to(value.dtype))
 
     def plan(self, rows: torch.Tensor, pending_has: torch.Tensor,
@@ -320,10 +330,16 @@ class BlockPolicy:
         rho, seconds = self._load(c, factors, means)
         if remaining is not None:
             value = _to_the_limit(value, remaining.cpu(), means, rho * seconds)
-        own = (value - rho * seconds).argmax(1)  # each request's own best block
+        weight = self.config.rho  # None: tokens per second; a number: tokens less weight x C x seconds
+
+        def score(tokens, seconds_):
+            return tokens / seconds_ if weight is None else tokens - c * weight * seconds_
+
+        # each request's own best block
+        own = (value / seconds if weight is None else value - weight * seconds).argmax(1)
         pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
         if not bool(pinned.any()):
-            uniform = value.sum(0) - c * rho * seconds  # [K] every request at one block: one bucket
+            uniform = score(value.sum(0), seconds)  # [K] every request at one block: one bucket
             k = int(uniform.argmax())
             best, best_gain = torch.full((c,), k), float(uniform[k])
             plans = [own] if bool((own != own[0]).any()) else []  # own plan = a uniform one: weighed already
@@ -337,7 +353,7 @@ class BlockPolicy:
             counts = torch.bincount(plan, minlength=len(self.candidates)).tolist()
             bucket_seconds = sum(self.costs.round_cost(n, b) * f
                                  for n, b, f in zip(counts, self.candidates, factors) if n)
-            gain = float(value.gather(1, plan[:, None]).sum()) - c * rho * bucket_seconds
+            gain = score(float(value.gather(1, plan[:, None]).sum()), bucket_seconds)
             if gain > best_gain:
                 best, best_gain = plan, gain
         sig.expected[rc] = (table.gather(1, best[:, None]).squeeze(1) - 1).float()  # what the table alone said
@@ -373,11 +389,11 @@ class BlockPolicy:
 def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means: torch.Tensor, price: torch.Tensor):
     """[R, K] a round's worth in tokens for requests that may emit only `remaining` [R] more: what it can emit,
     min(V_B, remaining), less what its leftover x = remaining - that will cost beyond the steady rate. The plan's
-    rule values a round's tokens against rho x its time as if decoding went on for ever; near its limit a request
-    has one more round to pay for its last x tokens (x below a round of the best steady block), whose cheapest
-    round that makes x on average (`means` [K] >= x) costs `price` [K] = rho T_C(B) token-equivalents where the
-    steady rate charged x. So a request one token from its limit takes a plain step, one a block's worth away
-    finishes in this round, and far from its limit the rule is unchanged."""
+    rule values a round's tokens as if decoding went on for ever; near its limit a request has one more round to
+    pay for its last x tokens (x below a round of the best steady block), whose cheapest round that makes x on
+    average (`means` [K] >= x) costs `price` [K] = rho_C T_C(B) token-equivalents (rho_C: the best fixed block's
+    rate) where the steady rate charged x. So a request one token from its limit takes a plain step, one a block's
+    worth away finishes in this round, and far from its limit the rule is unchanged."""
     made = value.minimum(remaining[:, None].to(value.dtype))
     left = remaining[:, None] - made  # [R, K]
     steady = float(means[int((means / price).argmax())])  # a round of the best steady block makes this many
