@@ -12,7 +12,7 @@ from recguide_hf.core.calibrate import Round, ValueTable, fit
 from recguide_hf.core.config import DecodingConfig
 from recguide_hf.core.costs import CostTable
 from recguide_hf.core.engine import Engine, SamplingSettings, verifier_entropy
-from recguide_hf.core.policy import BlockPolicy, RoundOutcome
+from recguide_hf.core.policy import BlockPolicy, RoundOutcome, _to_the_limit
 from recguide_hf.models.registry import as_backbone
 
 
@@ -175,6 +175,19 @@ def test_a_request_near_its_limit_is_valued_at_what_it_may_still_emit():
     assert planned(1) == 1  # was 32: V_32 = 12 for a round that can emit one token
     assert planned(3) == 8  # min(V_B, 3) = 3 for every B > 1 at the same price: the leftover decides
     assert planned(6) in (16, 32)  # V_16 >= 6 finishes it; a plain step would leave 5 for another round
+
+
+def test_a_round_near_the_limit_is_never_worth_less_than_nothing():
+    """Five tokens left in a hard stretch (3 a round at B = 8 and 16, 1 at B = 1) with a steady round of 12: every
+    size leaves a leftover that costs one more dear round (B = 8's: 12 token-equivalents for 2 tokens), so each is
+    worth less than nothing. It reads 0: per second, a negative worth would favour the longest round; at 0 each
+    plan ties and the cheapest (first) size is taken. A size that finishes the request keeps its worth."""
+    means, price = torch.tensor([1.0, 5.5, 12.0], dtype=torch.float64), torch.tensor([3.6, 12.0, 12.0],
+                                                                                  dtype=torch.float64)
+    worth = _to_the_limit(torch.tensor([[1.0, 3.0, 3.0]], dtype=torch.float64), torch.tensor([5]), means, price)
+    assert worth.tolist() == [[0.0, 0.0, 0.0]]
+    worth = _to_the_limit(torch.tensor([[1.0, 3.0, 6.0]], dtype=torch.float64), torch.tensor([5]), means, price)
+    assert worth.tolist() == [[0.0, 0.0, 5.0]]
 
 
 def test_the_engine_work_of_a_round_is_priced_too():

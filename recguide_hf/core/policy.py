@@ -393,14 +393,16 @@ def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means: torch.Ten
     pay for its last x tokens (x below a round of the best steady block), whose cheapest round that makes x on
     average (`means` [K] >= x) costs `price` [K] = rho_C T_C(B) token-equivalents (rho_C: the best fixed block's
     rate) where the steady rate charged x. So a request one token from its limit takes a plain step, one a block's
-    worth away finishes in this round, and far from its limit the rule is unchanged."""
+    worth away finishes in this round, and far from its limit the rule is unchanged. A round worth nothing or
+    less reads 0 (never negative: tokens per second would then prefer the longest round), so where every size is
+    worth nothing the cheapest round is taken."""
     made = value.minimum(remaining[:, None].to(value.dtype))
     left = remaining[:, None] - made  # [R, K]
     steady = float(means[int((means / price).argmax())])  # a round of the best steady block makes this many
     enough = means[None, None, :] >= left[..., None]  # [R, K, K'] rounds of B' that make the leftover
     finish = torch.where(enough, price[None, None, :], math.inf).amin(-1)  # [R, K] its cheapest such round
     extra = torch.where((left > 0) & (left < steady) & finish.isfinite(), (finish - left).clamp(min=0), 0.0)
-    return made - extra
+    return (made - extra).clamp(min=0.0)
 
 
 def _check_covered(what: str, wanted: list[int], have: list[int]):
