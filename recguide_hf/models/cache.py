@@ -55,9 +55,18 @@ class RowCache(Cache):
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         super().__init__(layers=[])
         shape = (num_rows, num_kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # A forward reads its rows' slots up to its KV width, past a row's own length too (masked), so a slot must
+        # hold a finite number before it is first read. On the CPU the buffers are zeroed as forwards first reach
+        # their slots (`prepare`) instead of up front: a full-capacity zeroing (the auto policy's capacity holds its
+        # largest block and branches, 3x a plain step's width at 64 new tokens) cost 0.1 to 1 s of page faults per
+        # call at 64 rows, most of which no forward reads. On other devices zeroing is cheap, and a second stream's
+        # forward may read slots while the first is bound, so they are zeroed at once.
+        lazy = torch.device(device).type == "cpu"
+        make = torch.empty if lazy else torch.zeros
+        self.keys = [make(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [make(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.capacity = capacity
+        self.zeroed = 0 if lazy else capacity  # slots [0, zeroed) of every row hold finite numbers
         # committed slots per row; kept on the host so binding a forward never waits for the device
         self.lengths = torch.zeros(num_rows, dtype=torch.long)
         self.device = torch.device(device)
@@ -91,6 +100,10 @@ class RowCache(Cache):
         kv_len = int(base.max()) + query_len
         if kv_len > self.capacity:
             raise RuntimeError(f"RowCache capacity {self.capacity} exceeded ({kv_len} slots needed)")
+        if kv_len > self.zeroed:  # the forward reads these slots for the first time
+            for buffer in (*self.keys, *self.values):
+                buffer[:, :, self.zeroed:kv_len].zero_()
+            self.zeroed = kv_len
         all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
         fresh = not bool(base.any())
         start = int(base[0]) if all_rows and not self.uniform and bool((base == base[0]).all()) else None
