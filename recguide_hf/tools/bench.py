@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import gc
 import json
 import platform
 import statistics
@@ -507,6 +508,10 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
                     warmup[(m, c)] = warmup.get((m, c), 0.0) + run["wall"]
                     run = timed_run(m, c, n)
                 raw.setdefault((m, c), []).append(summarize(run, reference))
+                # the next run starts with this one's engine and caches freed, not still held by `run` (hundreds
+                # of MB at 64 rows: a method timed after a larger one paid for its memory)
+                run = None
+                gc.collect()
                 if progress is not None:
                     progress.update(1)
     rows = []
