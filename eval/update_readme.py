@@ -141,8 +141,29 @@ def serving_results(res: Path) -> str:
                      "table": markdown_open(run["rows"]), "verdict": verdict(run["rows"]), "pngs": pngs,
                      "folder": folder.name, "path": folder.relative_to(ROOT)})
     load = res / "serve_load.json"
-    text = render("serving.md", open_runs=runs, load=json.loads(load.read_text()) if load.exists() else None)
+    text = render("serving.md", open_runs=runs, ceiling=ceiling_summary(res / "open_loop_ceiling" / "ceiling.json"),
+                  load=json.loads(load.read_text()) if load.exists() else None)
     return text or "(no serving runs recorded yet)"
+
+
+def ceiling_summary(path: Path) -> dict | None:
+    """eval/open_loop_ceiling.py's run: each load oracle's mean decoding speed and p99 TTFT against the best single
+    fixed method of the same run."""
+    if not path.exists():
+        return None
+    run = json.loads(path.read_text())
+    oracles = [r for r in run["rows"] if r["method"] in run["oracle_tables"]]
+    fixed = [r for r in run["rows"] if r["method"] not in run["oracle_tables"] and r["method"] != "recguide"]
+    if not oracles or not fixed:
+        return None
+    best = max(fixed, key=lambda r: r["decode_speed_mean"])
+    what = {"oracle": "the fastest by aggregate tok/s", "oracle-per-request": "the fastest by per-request tok/s"}
+    return {"environment": run["environment"], "best": best["method"],
+            "oracles": [{"method": r["method"],
+                         "what": what.get(r["method"], "thresholds " + ", ".join(
+                             f"B = {b} from {c} in flight" for c, b in run["oracle_tables"][r["method"]].items())),
+                         "speed": r["decode_speed_mean"] / best["decode_speed_mean"],
+                         "ttft": r["ttft_p99"] / best["ttft_p99"]} for r in oracles]}
 
 
 def replace_between(text: str, markers: tuple[str, str], body: str, sep: str = "\n") -> str:
