@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from recguide_hf.core.policy import BlockPolicy
-from recguide_hf.tools.bench import VirtualCosts, _engine_config, environment, run_hf
+from recguide_hf.tools.bench import VirtualCosts, _engine_config, environment
 from recguide_hf.tools.cli import load
-from recguide_hf.tools.openloop import best_single_other, markdown_open, parse_arrivals, run_engine_open, summarize_open
+from recguide_hf.tools.openloop import best_single_other, markdown_open, open_loop, parse_arrivals
 from recguide_hf.tools.prompts import load_mixed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,18 +107,16 @@ def main(argv=None) -> int:
     tokenizer, model = load(None, "fp32", "cpu")
     plain = load(None, "fp32", "cpu", draft_adapter=False)[1]
     prompts = load_mixed((args.pool + 1) // 2)[: args.pool]
-    pool = [tokenizer(q, add_special_tokens=False)["input_ids"] for q in prompts]
-    reference = [run_hf(plain, tokenizer, [q], 1, args.max_new_tokens)["records"][0]["new_ids"] for q in prompts]
-    rows = []
-    for m in args.methods:
-        policy, method = None, m
-        if m in tables:
-            method = f"linear-{max(tables[m].values())}"
-            policy = LoadOracle(_engine_config(method, model.generation_config), tables[m], m.startswith("table-"))
-        run = run_engine_open(model, tokenizer, pool, arrivals, args.max_new_tokens, method, args.slots, virtual,
-                              str(virtual_table), policy=policy)
-        rows.append({"method": m, **summarize_open(run, reference)})
-        print(m, {k: rows[-1][k] for k in ("finished", "decode_speed_mean", "ttft_p99", "equal_to_ar")}, flush=True)
+    policies = {}
+    for name, table in tables.items():
+        method = f"linear-{max(table.values())}"
+        policies[name] = (method, LoadOracle(_engine_config(method, model.generation_config), table,
+                                             name.startswith("table-")))
+    rows = open_loop(model, tokenizer, prompts, args.methods, arrivals, args.max_new_tokens, args.slots,
+                     reference_model=plain, virtual=virtual, virtual_table=str(virtual_table),
+                     policies=policies)["rows"]
+    for r in rows:
+        print(r["method"], {k: r[k] for k in ("finished", "decode_speed_mean", "ttft_p99", "equal_to_ar")})
     print(markdown_open(rows))
     fixed = [r for r in rows if r["method"] not in (*tables, "recguide")]
     for ours in (*tables, "recguide"):

@@ -221,8 +221,11 @@ def summarize_open(run: dict, reference: list[list[int]] | None) -> dict:
 
 def open_loop(model, tokenizer, prompts: list[str], methods: list[str], arrivals: list[float], max_new: int,
               slots: int, reference_model=None, virtual: VirtualCosts | None = None, virtual_table: str | None = None,
-              progress=None) -> dict:
-    """Every method on the same arrivals; returns per-method figures, timelines and latencies (for the plots)."""
+              progress=None, policies: dict | None = None) -> dict:
+    """Every method on the same arrivals; returns per-method figures, timelines and latencies (for the plots).
+    `policies`: {name: (engine method, block-size scheduler)} for methods that replace the engine method's own
+    scheduler (eval/open_loop_ceiling.py's load oracles)."""
+    policies = policies or {}
     from .bench import run_hf
 
     pool = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -232,7 +235,11 @@ def open_loop(model, tokenizer, prompts: list[str], methods: list[str], arrivals
     for m in methods:
         if progress is not None:
             progress.set_description(f"open loop: {m}")
-        if parse_method(m)[0] == "hf-cb":
+        if m in policies:
+            method, policy = policies[m]
+            run = run_engine_open(model, tokenizer, pool, arrivals, max_new, method, slots, virtual, virtual_table,
+                                  policy=policy)
+        elif parse_method(m)[0] == "hf-cb":
             if virtual is not None:
                 raise ValueError("hf-cb runs on the wall clock only; leave it out of a --virtual-costs run")
             run = run_hf_cb_open(plain, tokenizer, pool, arrivals, max_new, slots)
