@@ -198,7 +198,7 @@ class BlockPolicy:
             self.candidates = costs.block_sizes if costs is not None else list(PAPER_BLOCK_SIZES)
         self.max_block = max(self.candidates)
         self._sizes = torch.tensor(self.candidates)
-        self._at_load: dict[int, tuple[float, torch.Tensor]] = {}
+        self._at_load: dict[tuple[int, int], float] = {}  # (rows, B) -> the table's T_rows(B)
         if self.auto and (costs is None or values is None):
             warnings.warn("recguide_block_size='auto' without a cost table and a value table (run `recguide "
                           "profile` and `recguide calibrate`): using the largest candidate block", stacklevel=3)
@@ -207,7 +207,7 @@ class BlockPolicy:
             _check_covered("value table (`recguide calibrate`)", [b for b in self.candidates if b > 1],
                            values.block_sizes)
             # [K] the value table's mean progress per candidate (V_1 = 1), read by rho every round
-            self._means = torch.tensor([values.mean[b] for b in self.candidates], dtype=torch.float64)
+            self._means = [float(values.mean[b]) for b in self.candidates]
         self.hits, self.branch_rounds = 1.0, 3.0  # prior hit rate 1/3 until calibration or observation says more
         if values is not None and "coverage" in values.data:
             self.hits, self.branch_rounds = 3 * values.data["coverage"], 3.0
@@ -253,7 +253,7 @@ class BlockPolicy:
         against what the value table predicted, and the branch hit rate."""
         self.signals.record(out)
         if self.online and out.seconds is not None and out.seconds > 0:
-            self.prices.observe(out.block, math.log(out.seconds / self.costs.round_cost(out.rows.numel(), out.block)))
+            self.prices.observe(out.block, math.log(out.seconds / self._table_price(out.rows.numel(), out.block)))
         if self.learns_values:
             self.prices.values.fade(out.rows.numel())
         if self.learns_values and out.block > 1:
@@ -269,21 +269,18 @@ class BlockPolicy:
             self.segment_rows += out.rows.numel()
 
     # ------------------------------------------------------------------ block sizes
-    def _load(self, c: int, factors: torch.Tensor, means: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """(rho_C, round seconds T_C(B) per candidate [K]) at c rows: the table's, once per c, times the
-        online correction `factors` [K]; `means` [K] the (corrected) mean value per candidate."""
-        if c not in self._at_load:
-            self._at_load[c] = torch.tensor([self.costs.round_cost(c, b) for b in self.candidates],
-                                            dtype=torch.float64)
-        seconds = self._at_load[c] * factors
-        rho = self.config.rho
-        if rho is None:
-            rho = float((means / seconds).max())
-        return rho, seconds
+    def _round_prices(self, c: int) -> list[float]:
+        """T_C(B) per candidate [K] at c rows: the table's (looked up once per c) times the online correction.
+        Plain floats: a plan runs every round, and K small tensors' dispatch cost more than their arithmetic
+        (on the CPU the policy's host time was 3% of a round at C = 1)."""
+        return [self._table_price(c, b) * self.factor(b) for b in self.candidates]
 
-    def _factors(self) -> torch.Tensor:
-        """[K] measured / table price per candidate (1 when online is off)."""
-        return torch.tensor([self.factor(b) for b in self.candidates], dtype=torch.float64)
+    def _table_price(self, c: int, block: int) -> float:
+        """The cost table's T_c(B), looked up once per (c, B)."""
+        key = (c, block)
+        if key not in self._at_load:
+            self._at_load[key] = self.costs.round_cost(c, block)
+        return self._at_load[key]
 
     def factor(self, block: int) -> float:
         """How much dearer (> 1) or cheaper than the cost table rounds of `block` have been measured here."""
@@ -298,10 +295,10 @@ class BlockPolicy:
             return 1.0
         return self.prices.values.scale()
 
-    def _corrected(self, value: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """V'_B = 1 + a_B (V_B - 1), within [1, B]: the table's expected drafts accepted [..., K], times a_B [K]
-        (a for B > 1, 1 for B = 1)."""
-        return (1 + scale * (value - 1)).clamp(min=1.0).minimum(self._sizes.to(value.dtype))
+    def _corrected(self, value: torch.Tensor, a: float) -> torch.Tensor:
+        """V'_B = 1 + a (V_B - 1), within [1, B]: the table's expected progress [..., K] corrected by the one
+        ratio a of every B > 1 (B = 1's column is 1 and stays 1)."""
+        return (1 + a * (value - 1)).clamp(min=1.0).minimum(self._sizes.to(value.dtype))
 
     def plan(self, rows: torch.Tensor, pending_has: torch.Tensor,
              remaining: torch.Tensor | None = None) -> torch.Tensor:
@@ -322,24 +319,27 @@ class BlockPolicy:
             e1, e2 = sig.entropy[rc].unbind(1)
             s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history): the first round's value
         table = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
-        value, means = table, self._means
-        if self.learns_values:  # a_B once per round: the rows' values and rho's means read the same
-            scale = torch.tensor([self.value_scale(b) for b in self.candidates], dtype=torch.float64)
-            value, means = self._corrected(table, scale), self._corrected(means, scale)
-        factors = self._factors()  # once per round: the load's prices and every bucket's read them
-        rho, seconds = self._load(c, factors, means)
+        value, means = table, self._means  # [R, K], K floats
+        if self.learns_values:  # a once per round: the rows' values and rho's means read the same
+            a = self.value_scale(self.max_block) if self.max_block > 1 else 1.0
+            value = self._corrected(table, a)
+            means = [min(max(1 + a * (m - 1), 1.0), b) for m, b in zip(means, self.candidates)]
+        seconds = self._round_prices(c)  # once per round: the load's prices and every bucket's read them
+        rates = [m / t for m, t in zip(means, seconds)]
+        rho = self.config.rho if self.config.rho is not None else max(rates)
         if remaining is not None:
-            value = _to_the_limit(value, remaining.cpu(), means, rho * seconds)
+            value = _to_the_limit(value, remaining.cpu(), means, [rho * t for t in seconds])
         weight = self.config.rho  # None: tokens per second; a number: tokens less weight x C x seconds
 
         def score(tokens, seconds_):
             return tokens / seconds_ if weight is None else tokens - c * weight * seconds_
 
+        per_round = torch.tensor(seconds, dtype=torch.float64)  # [K]
         # each request's own best block
-        own = (value / seconds if weight is None else value - weight * seconds).argmax(1)
+        own = (value / per_round if weight is None else value - weight * per_round).argmax(1)
         pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
         if not bool(pinned.any()):
-            uniform = score(value.sum(0), seconds)  # [K] every request at one block: one bucket
+            uniform = score(value.sum(0), per_round)  # [K] every request at one block: one bucket
             k = int(uniform.argmax())
             best, best_gain = torch.full((c,), k), float(uniform[k])
             plans = [own] if bool((own != own[0]).any()) else []  # own plan = a uniform one: weighed already
@@ -348,11 +348,11 @@ class BlockPolicy:
             best, best_gain = None, -float("inf")
             plans = [torch.where(pinned, pinned_at, plan)
                      for plan in [torch.full((c,), k) for k in range(len(self.candidates))] + [own]]
-        factors = factors.tolist()
+        factors = [self.factor(b) for b in self.candidates] if plans else []
         for plan in plans:
             counts = torch.bincount(plan, minlength=len(self.candidates)).tolist()
-            bucket_seconds = sum(self.costs.round_cost(n, b) * f
-                                 for n, b, f in zip(counts, self.candidates, factors) if n)
+            bucket_seconds = sum(self._table_price(n, b) * f for n, b, f in zip(counts, self.candidates, factors)
+                                 if n)
             gain = score(float(value.gather(1, plan[:, None]).sum()), bucket_seconds)
             if gain > best_gain:
                 best, best_gain = plan, gain
@@ -386,7 +386,7 @@ class BlockPolicy:
         return full - expected
 
 
-def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means: torch.Tensor, price: torch.Tensor):
+def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means, price):
     """[R, K] a round's worth in tokens for requests that may emit only `remaining` [R] more: what it can emit,
     min(V_B, remaining), less what its leftover x = remaining - that will cost beyond the steady rate. The plan's
     rule values a round's tokens as if decoding went on for ever; near its limit a request has one more round to
@@ -396,9 +396,13 @@ def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means: torch.Ten
     worth away finishes in this round, and far from its limit the rule is unchanged. A round worth nothing or
     less reads 0 (never negative: tokens per second would then prefer the longest round), so where every size is
     worth nothing the cheapest round is taken."""
+    means, price = [float(m) for m in means], [float(p) for p in price]
+    steady = means[max(range(len(means)), key=lambda k: means[k] / price[k])]  # a round of the best steady block
+    if float(remaining.min()) - float(value.max()) >= steady:  # no request near its limit: every leftover is a
+        return value  # steady round or more away (the common case, decided without the [R, K, K] work below)
+    means, price = torch.tensor(means, dtype=value.dtype), torch.tensor(price, dtype=value.dtype)
     made = value.minimum(remaining[:, None].to(value.dtype))
     left = remaining[:, None] - made  # [R, K]
-    steady = float(means[int((means / price).argmax())])  # a round of the best steady block makes this many
     enough = means[None, None, :] >= left[..., None]  # [R, K, K'] rounds of B' that make the leftover
     finish = torch.where(enough, price[None, None, :], math.inf).amin(-1)  # [R, K] its cheapest such round
     extra = torch.where((left > 0) & (left < steady) & finish.isfinite(), (finish - left).clamp(min=0), 0.0)
