@@ -9,13 +9,14 @@ eager AR, its own plain steps and every fixed block, and one measurement per hyp
 Held-out HumanEval prompts (calibration reads the code and prose sets; the bench reads the first 64 HumanEval
 prompts, this the next ones), `--prompts` of them (at least C) in static batches of C one after the other, greedy,
 one run per method interleaved, best of `--repeats`:
-* the speeds: recguide (default) against linear-1 (the engine's plain steps) and fixed LinearSS blocks;
+* the speeds: recguide (default) against linear-1 (the engine's plain steps) and fixed LinearSS blocks, every
+  timed pass running the policy and the engine as shipped (nothing recorded per round);
+* then one untimed recorded pass per engine method (the engine's round log, a policy that keeps what it predicted):
 * H1 values: per block size, the value table's predicted progress for the rounds recguide ran against the
   progress they made (tokens per round per row), on these unseen prompts;
 * H2 prices: per block size, the table's round price (times the online correction the policy applied) against the
-  measured seconds of the buckets that ran, and what a plain step (B = 1) measures in linear-1's run at the same rows
-  against what the table says;
-* H3 host: the engine's own time per round outside the forwards, by block and rows (table vs measured).
+  measured seconds of the buckets that ran (the recorded pass's, which also pays the round log's entropy pass),
+  and what each fixed block's rounds measure against what the table says.
 Every output is checked against HF greedy.
 """
 
@@ -65,22 +66,26 @@ class Recording(BlockPolicy):
         super().observe(out)
 
 
-def run_batches(model, tokenizer, prompts, c, max_new, method, plain):
+def run_batches(model, tokenizer, prompts, c, max_new, method, plain, record=False):
     """`prompts` in static batches of `c`, one after the other, as a user calling `generate` would: the auto
-    policy's online corrections carry from batch to batch (as `generate` keeps them on the model), fresh per run."""
+    policy's online corrections carry from batch to batch (as `generate` keeps them on the model), fresh per run.
+    `record`: an untimed diagnostic pass (the `Recording` policy, the engine's round log); the timed passes run
+    the policy and the engine as shipped, with nothing recorded per round."""
     if method == "hf-ar":  # HF's own generate (eager, dynamic cache)
         r = run_hf(plain, tokenizer, prompts, c, max_new)
         new = [rec["new_ids"] for rec in r["records"]]
         return {"seconds": r["wall"], "tokens": sum(map(len, new)), "new": new, "policy": None, "made": {}}
     prices, total = OnlinePrices(), None
     for i in range(0, len(prompts), c):
-        r = run(model, tokenizer, prompts[i:i + c], max_new, method, prices)
+        r = run(model, tokenizer, prompts[i:i + c], max_new, method, prices, record)
         if total is None:
             total = r
             continue
         total["seconds"] += r["seconds"]
         total["tokens"] += r["tokens"]
         total["new"] += r["new"]
+        if not record:
+            continue
         for b, v in r["made"].items():
             total["made"][b] += v
         for name in ("predicted", "corrected"):
@@ -90,7 +95,7 @@ def run_batches(model, tokenizer, prompts, c, max_new, method, plain):
     return total
 
 
-def run(model, tokenizer, prompts, max_new, method, prices):
+def run(model, tokenizer, prompts, max_new, method, prices, record=False):
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     gen = model.generation_config
     base = DecodingConfig.from_sources(gen)
@@ -101,21 +106,21 @@ def run(model, tokenizer, prompts, max_new, method, prices):
         config = DecodingConfig(mode="linear", block_size=int(method.split("-")[1]))
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[gen.eos_token_id],
                                 pad_token_id=tokenizer.pad_token_id)
-    policy = Recording.from_config(config, model.config._name_or_path, prices)
+    policy = (Recording if record else BlockPolicy).from_config(config, model.config._name_or_path, prices)
     # fixed blocks are priced too: their measured rounds are what each B really costs at this load
-    if not method.startswith("recguide"):
+    if record and not method.startswith("recguide"):
         policy.costs = Recording.from_config(DecodingConfig(
             mode="recguide", block_size="auto", cost_table=base.cost_table, value_table=base.value_table),
             model.config._name_or_path).costs
         policy.online = True  # online: the engine times every bucket
     engine = Engine(as_backbone(model), config, settings, policy=policy)
     start = time.perf_counter()
-    seq, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
+    seq, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=record)
     seconds = time.perf_counter() - start
     width = enc["input_ids"].shape[1]
     new = [seq[i, width:width + int(engine.slots.count[i])].tolist() for i in range(len(prompts))]
     made = defaultdict(list)
-    for _, block, accepted, _, _, _ in stats.round_log:
+    for _, block, accepted, _, _, _ in (stats.round_log if record else []):
         made[block].append(accepted + 1 if block > 1 else 1)
     return {"seconds": seconds, "tokens": sum(map(len, new)), "new": new, "policy": policy, "made": made}
 
@@ -162,8 +167,11 @@ def main(argv=None):
         fastest = max(others, key=others.get)
         row["fastest_other"] = fastest
         row["ratio_to_fastest"] = {m: v / others[fastest] for m, v in row["tok_s"].items() if m.startswith("recguide")}
+        # the hypotheses' evidence from one untimed recorded pass per engine method (the timed ones record nothing)
+        seen = {m: run_batches(model, tokenizer, prompts, c, args.max_new_tokens, m, plain, record=True)
+                for m in best if m != "hf-ar"}
         for name in ("recguide-table", "recguide"):
-            rg = best.get(name)
+            rg = seen.get(name)
             if rg is None:
                 continue
             pol = rg["policy"]
@@ -171,7 +179,7 @@ def main(argv=None):
                 b: {"table": statistics.mean(v), "corrected": statistics.mean(pol.corrected[b]),
                     "made": statistics.mean(rg["made"][b]), "rounds": len(rg["made"][b])}
                 for b, v in sorted(pol.predicted.items()) if rg["made"].get(b)}
-        rg = best.get("recguide")
+        rg = seen.get("recguide")
         if rg is not None:
             pol = rg["policy"]
             by_b = defaultdict(lambda: [0.0, 0.0, 0])
@@ -181,7 +189,7 @@ def main(argv=None):
                 by_b[b][2] += 1
             row["H2_prices_recguide"] = {b: {"priced_s": v[0] / v[2], "measured_s": v[1] / v[2], "rounds": v[2]}
                                          for b, v in sorted(by_b.items())}
-        for m, r in best.items():
+        for m, r in seen.items():
             if m.startswith("recguide") or m == "hf-ar":
                 continue
             pol = r["policy"]

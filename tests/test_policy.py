@@ -751,3 +751,40 @@ def test_policy_reads_recent_acceptance_and_skips_the_entropy_pass(model):
     engine = Engine(as_backbone(model), DecodingConfig(block_size="auto"), SamplingSettings(max_new_tokens=8),
                     policy=policy)
     assert not engine.wants_entropy
+
+
+def test_a_static_batch_is_planned_for_its_slowest_request():
+    """One static batch (`generate`) returns when its last request is done. A confident request (V_32 = 21)
+    beside an unsure one (3 tokens a round at any block) with as many tokens to go: by tokens per second a
+    round of 32 is best (24 tokens where 8 makes 11, at prices that grow slowly with B), but the batch waits on
+    the unsure request, which every block gives 3 tokens: the cheapest block finishes the batch soonest. A
+    server's slots (a freed slot takes the next request) keep the rate rule; a lone request has no laggard."""
+    values = ValueTable(fit(_synthetic_rounds(), block_sizes=(8, 16, 32), num_bins=2))
+    costs = _costs(fixed=0.02, per_row=0.0, per_token=1e-5, blocks=(8, 16, 32))
+    policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
+
+    def planned(whole_batch, rows=2):
+        policy.start(rows, whole_batch)
+        policy.signals.entropy[:] = torch.tensor([0.1, 3.0][:rows])[:, None]
+        policy.signals.last_block[:] = torch.tensor([32, 8][:rows])
+        policy.signals.last_full[:] = torch.tensor([False, False][:rows])
+        return policy.plan(torch.arange(rows), torch.zeros(rows, dtype=torch.bool), torch.full((rows,), 40)).tolist()
+
+    assert values.value(32, -0.1, 32, False) == pytest.approx(21)
+    assert values.value(8, -3.0, 8, False) == pytest.approx(3) == values.value(32, -3.0, 8, False)
+    assert planned(whole_batch=False) == [32, 32]
+    assert planned(whole_batch=True) == [8, 8]
+    assert planned(whole_batch=True, rows=1) == planned(whole_batch=False, rows=1) == [32]
+
+
+def test_generate_plans_its_batch_as_one_and_a_server_does_not(model):
+    """`Engine.generate` tells the policy its rows are one static batch; `serve` and `open` (a freed slot
+    takes the next request) do not."""
+    config = DecodingConfig(mode="linear", block_size=4)
+    settings = SamplingSettings(max_new_tokens=4, eos_token_ids=[EOS], pad_token_id=PAD)
+    prompts = random_prompts(2, 96, min_len=2, max_len=6, seed=3)
+    engine = Engine(as_backbone(model), config, settings)
+    engine.generate(*left_pad(prompts))
+    assert engine.policy.whole_batch
+    engine.serve(prompts, slots=2)
+    assert not engine.policy.whole_batch

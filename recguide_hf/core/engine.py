@@ -140,7 +140,7 @@ class Engine:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         pads = (attention_mask.to(device) == 0).long().cumprod(dim=1).sum(dim=1)  # left padding per row
-        self._allocate(*input_ids.shape)
+        self._allocate(*input_ids.shape, whole_batch=True)  # the call returns when its last request is done
         if log_rounds:
             self.slots.stats.round_log = []
         self.wants_entropy = self.policy.reads_entropy or log_rounds
@@ -303,8 +303,9 @@ class Engine:
         return True
 
     # ------------------------------------------------------------------ setup
-    def _allocate(self, num_rows: int, prompt_width: int):
-        """Buffers for `num_rows` request slots whose (left-padded) prompts are at most `prompt_width` long."""
+    def _allocate(self, num_rows: int, prompt_width: int, whole_batch: bool = False):
+        """Buffers for `num_rows` request slots whose (left-padded) prompts are at most `prompt_width` long.
+        `whole_batch`: one static batch (`generate`), which the policy times by its slowest request."""
         device = self.backbone.device
         max_new = self.settings.max_new_tokens
         limit = self.backbone.max_positions
@@ -326,7 +327,7 @@ class Engine:
         if self._compiled is not None:  # few code paths, so few graphs per compiled forward kind (compiled.py)
             self._compiled.adapt(self.slots.cache)
         self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
-        self.policy.start(num_rows)
+        self.policy.start(num_rows, whole_batch)
         self.stopper.start(self.slots.seq, prompt_width)
 
     def _admit(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor,
