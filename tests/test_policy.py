@@ -182,12 +182,9 @@ def test_a_round_near_the_limit_is_never_worth_less_than_nothing():
     size leaves a leftover that costs one more dear round (B = 8's: 12 token-equivalents for 2 tokens), so each is
     worth less than nothing. It reads 0: per second, a negative worth would favour the longest round; at 0 each
     plan ties and the cheapest (first) size is taken. A size that finishes the request keeps its worth."""
-    means, price = torch.tensor([1.0, 5.5, 12.0], dtype=torch.float64), torch.tensor([3.6, 12.0, 12.0],
-                                                                                  dtype=torch.float64)
-    worth = _to_the_limit(torch.tensor([[1.0, 3.0, 3.0]], dtype=torch.float64), torch.tensor([5]), means, price)
-    assert worth.tolist() == [[0.0, 0.0, 0.0]]
-    worth = _to_the_limit(torch.tensor([[1.0, 3.0, 6.0]], dtype=torch.float64), torch.tensor([5]), means, price)
-    assert worth.tolist() == [[0.0, 0.0, 5.0]]
+    means, price = [1.0, 5.5, 12.0], [3.6, 12.0, 12.0]
+    assert _to_the_limit([[1.0, 3.0, 3.0]], [5], means, price) == [[0.0, 0.0, 0.0]]
+    assert _to_the_limit([[1.0, 3.0, 6.0]], [5], means, price) == [[0.0, 0.0, 5.0]]
 
 
 def test_the_engine_work_of_a_round_is_priced_too():
@@ -377,6 +374,12 @@ def test_vectorised_values_equal_the_scalar_lookup():
         slow = [vt.value(b, None if math.isnan(si) else si, pi, fi) for si, pi, fi in
                 zip(s.tolist(), prev.tolist(), full.tolist())]
         assert fast == pytest.approx(slow) == matrix[:, k].tolist(), b
+    # the policy's per-request reading: the same numbers, memoised per state and signal bin
+    rows = [vt.row((16, 1, 32, 8), si, pi, fi) for si, pi, fi in zip(s.tolist(), prev.tolist(), full.tolist())]
+    assert [list(r) for r in rows] == matrix.double().tolist()
+    first = vt.row((16, 1, 32, 8), float("nan"), 0, False)  # no round yet
+    assert list(first) == vt.values_matrix([16, 1, 32, 8], torch.tensor([float("nan")]), torch.tensor([0]),
+                                           torch.tensor([False]))[0].double().tolist()
 
 
 def test_branch_rule_follows_measured_costs():
@@ -688,9 +691,11 @@ def test_accepted_signal_fit_known_answer():
     are read as a round at the state's block would have seen them (censored at B' - 1); 0 after a plain step."""
     from recguide_hf.core.calibrate import accepted_signal
 
-    n1, n2 = torch.tensor([20.0, 20.0, 5.0, 3.0, float("nan")]), torch.tensor([2.0, 20.0, 5.0, float("nan"), 1.0])
-    s = accepted_signal(n1, n2, torch.tensor([8, 32, 1, 8, 8]))
-    assert s[:4].tolist() == [(7 + 2) / 2, 20.0, 0.0, 3.0] and math.isnan(s[4])  # n2 NaN reads n1; n1 NaN: NaN
+    nan = float("nan")
+    s = [accepted_signal(n1, n2, b) for n1, n2, b in [(20.0, 2.0, 8), (20.0, 20.0, 32), (5.0, 5.0, 1), (3.0, nan, 8),
+                                                       (nan, 1.0, 8), (nan, 1.0, 1)]]
+    assert s[:4] == [(7 + 2) / 2, 20.0, 0.0, 3.0] and math.isnan(s[4])  # n2 NaN reads n1; n1 NaN: NaN
+    assert s[5] == 0.0  # after a plain step, whatever came before
     rounds = [Round("a", req, t, 1.0, 20 if req % 2 == 0 else 2) for req in range(40) for t in range(6)]
     table = fit(rounds, block_sizes=(1, 8, 32), num_bins=4, signal="accepted")
     vt = ValueTable(table)

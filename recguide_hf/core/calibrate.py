@@ -32,6 +32,7 @@ a signal's noise: on the bundled model the entropy bins (out-of-fold R^2 -0.004,
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass
@@ -54,14 +55,17 @@ class Round:
 SIGNALS = ("entropy", "accepted")  # what the per-request signal s_t is made of (module docstring)
 
 
-def accepted_signal(n1: torch.Tensor, n2: torch.Tensor, b_prev: torch.Tensor) -> torch.Tensor:
-    """s_t from recent verification outcomes [R]: the mean drafts accepted in the last two rounds (n1 the last,
-    n2 the one before; float [R], NaN for no reading: n2 NaN reads n1 alone, n1 NaN gives NaN), each as a round
-    at block `b_prev` [R] would have seen it (censored at b_prev - 1); 0 after a plain step (b_prev = 1), which
-    drafts nothing. The calibration and the policy both read it here."""
-    cap = (b_prev - 1).float()
-    s = (torch.minimum(n1, cap) + torch.minimum(torch.where(n2.isnan(), n1, n2), cap)) / 2
-    return torch.where(b_prev == 1, 0.0, s)
+def accepted_signal(n1: float, n2: float, b_prev: int) -> float:
+    """s_t from recent verification outcomes: the mean drafts accepted in the last two rounds (n1 the last, n2 the
+    one before; NaN for no reading: n2 NaN reads n1 alone, n1 NaN gives NaN), each as a round at block `b_prev`
+    would have seen it (censored at b_prev - 1); 0 after a plain step (b_prev = 1), which drafts nothing. The
+    calibration and the policy both read it here."""
+    if b_prev == 1:
+        return 0.0
+    if math.isnan(n1):
+        return math.nan
+    cap = b_prev - 1
+    return (min(n1, cap) + min(n1 if math.isnan(n2) else n2, cap)) / 2
 
 
 def _samples(rounds: list[Round], block_sizes, weights_by_dataset, signal: str = "entropy"):
@@ -82,8 +86,7 @@ def _samples(rounds: list[Round], block_sizes, weights_by_dataset, signal: str =
             for b_prev in block_sizes:
                 full = rs[i - 1].accepted >= b_prev - 1
                 if signal == "accepted":
-                    s = float(accepted_signal(torch.tensor([float(rs[i - 1].accepted)]),
-                                              torch.tensor([float(before.accepted)]), torch.tensor([b_prev])))
+                    s = accepted_signal(float(rs[i - 1].accepted), float(before.accepted), b_prev)
                 else:
                     s = s_plain if b_prev == 1 else s_block
                 out.append((key, s, b_prev, full, progress, weights_by_dataset[key[0]]))
@@ -226,6 +229,10 @@ class ValueTable:
                       for b in self.block_sizes}
         self._edges = torch.tensor(self.edges, dtype=torch.float32)
         self._stacked: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        # `row`'s plain-float reading: the lookup table, the bin edges as the tensor path compares them, its memo
+        self._prev_list = self._prev_lut.tolist()
+        self._edges_list = self._edges.double().tolist()
+        self._rows: dict[tuple, tuple[float, ...]] = {}
 
     @classmethod
     def load(cls, path: str | Path) -> ValueTable:
@@ -247,7 +254,7 @@ class ValueTable:
 
     def values_matrix(self, blocks: list[int], s: torch.Tensor, prev_block: torch.Tensor,
                       full: torch.Tensor) -> torch.Tensor:
-        """`values_for` of several blocks in one lookup (the policy's per-round call): -> [R, K] float."""
+        """`values_for` of several blocks in one lookup: -> [R, K] float (`row` reads it one request at a time)."""
         key = tuple(blocks)
         if key not in self._stacked:  # [K, P, 2, S] grids (V_1 = 1 everywhere), [K] means and first rounds' means
             shape = (len(self.block_sizes), 2, len(self.edges) + 1)
@@ -262,6 +269,27 @@ class ValueTable:
         v = grid[:, prev_idx.clamp(min=0), full.long(), bins].T  # [R, K]
         fallback = torch.where((prev_block == 0)[:, None], firsts[None, :], means[None, :])  # no round yet: first
         return torch.where(known, v, fallback)
+
+    def row(self, blocks: tuple[int, ...], s: float, prev_block: int, full: bool) -> tuple[float, ...]:
+        """`values_matrix` for one request as plain floats (the policy's per-round lookup, a few dict reads rather
+        than a dozen tensor ops): the same numbers, memoised per state and signal bin."""
+        prev_idx = self._prev_list[min(max(prev_block, 0), 64)]
+        if prev_idx >= 0 and (s == s or not self.reads_signal):  # s == s: not NaN
+            key = (blocks, prev_idx, full, bisect.bisect_right(self._edges_list, s if s == s else 0.0))
+        else:  # no round yet (the first round's values) or a state the table lacks (the means)
+            key = (blocks, prev_block == 0)
+        got = self._rows.get(key)
+        if got is None:
+            if tuple(blocks) not in self._stacked:
+                self.values_matrix(list(blocks), torch.zeros(0), torch.zeros(0, dtype=torch.long),
+                                   torch.zeros(0, dtype=torch.bool))
+            grid, means, firsts = self._stacked[tuple(blocks)]
+            if len(key) == 4:
+                got = tuple(grid[:, prev_idx, int(full), key[3]].double().tolist())
+            else:
+                got = tuple((firsts if key[1] else means).double().tolist())
+            self._rows[key] = got
+        return got
 
     def value(self, block: int, s: float | None, prev_block: int | None, full: bool | None) -> float:
         if block == 1:

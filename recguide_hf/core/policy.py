@@ -88,6 +88,7 @@ Without a cost table branches are always carried.
 
 from __future__ import annotations
 
+import bisect
 import math
 import warnings
 from dataclasses import dataclass
@@ -207,7 +208,6 @@ class BlockPolicy:
         else:
             self.candidates = costs.block_sizes if costs is not None else list(PAPER_BLOCK_SIZES)
         self.max_block = max(self.candidates)
-        self._sizes = torch.tensor(self.candidates)
         self._at_load: dict[tuple[int, int], float] = {}  # (rows, B) -> the table's T_rows(B)
         if self.auto and (costs is None or values is None):
             warnings.warn("recguide_block_size='auto' without a cost table and a value table (run `recguide "
@@ -308,74 +308,81 @@ class BlockPolicy:
             return 1.0
         return self.prices.values.scale()
 
-    def _corrected(self, value: torch.Tensor, a: float) -> torch.Tensor:
-        """V'_B = 1 + a (V_B - 1), within [1, B]: the table's expected progress [..., K] corrected by the one
-        ratio a of every B > 1 (B = 1's column is 1 and stays 1)."""
-        return (1 + a * (value - 1)).clamp(min=1.0).minimum(self._sizes.to(value.dtype))
-
     def plan(self, rows: torch.Tensor, pending_has: torch.Tensor,
              remaining: torch.Tensor | None = None) -> torch.Tensor:
         """Planned block size [R] for the active rows: the best of a few whole-round plans (module docstring).
-        `remaining` [R]: the tokens each request may still emit (None: unbounded; `_to_the_limit`)."""
+        `remaining` [R]: the tokens each request may still emit (None: unbounded; `_to_the_limit`).
+
+        Plain floats throughout: R x K numbers (K candidates) are read and compared once per round, where tensor
+        ops cost their dispatch, not their arithmetic (the plan was 2-4% of a round on the CPU at C = 1 and 16)."""
         if not self.auto:
             return torch.full_like(rows, self.candidates[0])
         if self.costs is None or self.values is None:
             return torch.full_like(rows, self.max_block)
-        c = rows.numel()
         rc = rows.cpu()
+        c = rc.numel()
         sig = self.signals
-        prev, full = sig.last_block[rc], sig.last_full[rc]
+        prev, full = sig.last_block[rc].tolist(), sig.last_full[rc].tolist()
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
-            n1, n2 = sig.last_accepted[rc].unbind(1)  # [R]; NaN: no such round yet, or a plain step
-            s = accepted_signal(n1, n2, prev)  # as calibrated; no history: NaN (the first round's value)
-        else:  # minus the mean verifier entropy of the last two rounds
-            e1, e2 = sig.entropy[rc].unbind(1)
-            s = -(e1 + torch.where(e2.isnan(), e1, e2)) / 2  # [R]; NaN (no history): the first round's value
-        table = self.values.values_matrix(self.candidates, s, prev, full).double()  # [R, K]
-        value, means = table, self._means  # [R, K], K floats
-        if self.learns_values:  # a once per round: the rows' values and rho's means read the same
-            a = self.value_scale(self.max_block) if self.max_block > 1 else 1.0
-            value = self._corrected(table, a)
-            means = [min(max(1 + a * (m - 1), 1.0), b) for m, b in zip(means, self.candidates)]
+            # NaN: no such round yet, or a plain step; no history at all: NaN (the first round's value)
+            s = [accepted_signal(n1, n2, b) for (n1, n2), b in zip(sig.last_accepted[rc].tolist(), prev)]
+        else:  # minus the mean verifier entropy of the last two rounds (NaN, no history: the first round's value)
+            s = [-(e1 + (e1 if math.isnan(e2) else e2)) / 2 for e1, e2 in sig.entropy[rc].tolist()]
+        sizes = self.candidates
+        k_all = range(len(sizes))
+        key = tuple(sizes)
+        table = [self.values.row(key, si, p, f) for si, p, f in zip(s, prev, full)]  # [R][K] the table's V_B
+        value, means = table, self._means
+        if self.learns_values:  # V'_B = 1 + a (V_B - 1) within [1, B]: one ratio a for every B > 1 (B = 1 reads 1)
+            a = self.prices.values.scale()
+            value = [[min(max(1 + a * (v - 1), 1.0), b) for v, b in zip(row, sizes)] for row in table]
+            means = [min(max(1 + a * (m - 1), 1.0), b) for m, b in zip(means, sizes)]
         seconds = self._round_prices(c)  # once per round: the load's prices and every bucket's read them
-        rates = [m / t for m, t in zip(means, seconds)]
-        rho = self.config.rho if self.config.rho is not None else max(rates)
-        unlimited = value
-        if remaining is not None:
-            value = _to_the_limit(value, remaining.cpu(), means, [rho * t for t in seconds])
         weight = self.config.rho  # None: tokens per second; a number: tokens less weight x C x seconds
+        rho = weight if weight is not None else max(m / t for m, t in zip(means, seconds))
+        unlimited = value
+        left = remaining.tolist() if remaining is not None else None
+        if left is not None:
+            value = _to_the_limit(value, left, means, [rho * t for t in seconds])
 
         def score(tokens, seconds_):
             return tokens / seconds_ if weight is None else tokens - c * weight * seconds_
 
-        per_round = torch.tensor(seconds, dtype=torch.float64)  # [K]
-        # each request's own best block
-        own = (value / per_round if weight is None else value - weight * per_round).argmax(1)
-        pinned = pending_has.cpu()[rc]  # a branch drafted these rows' next block, at their last size
-        if self.whole_batch and c > 1 and weight is None and remaining is not None and not bool(pinned.any()):
+        def rate(row):  # a request's own best block: the most of its tokens per second (or worth less time)
+            if weight is None:
+                return max(k_all, key=lambda k: row[k] / seconds[k])
+            return max(k_all, key=lambda k: row[k] - weight * seconds[k])
+
+        own = [rate(row) for row in value]
+        pinned = pending_has.cpu()[rc].tolist()  # a branch drafted these rows' next block, at their last size
+        plans: list[list[int]] = []
+        if self.whole_batch and c > 1 and weight is None and left is not None and not any(pinned):
             # one static batch: the plan that finishes its slowest request soonest (module docstring)
-            rounds = (remaining.cpu()[:, None] / unlimited.clamp(min=1.0)).clamp(min=1.0).amax(0)  # [K]
-            best, plans = torch.full((c,), int((rounds * per_round).argmin())), []
-        elif not bool(pinned.any()):
-            uniform = score(value.sum(0), per_round)  # [K] every request at one block: one bucket
-            k = int(uniform.argmax())
-            best, best_gain = torch.full((c,), k), float(uniform[k])
-            plans = [own] if bool((own != own[0]).any()) else []  # own plan = a uniform one: weighed already
+            need = [max(max(1.0, m / max(row[k], 1.0)) for row, m in zip(unlimited, left)) for k in k_all]
+            best = [min(k_all, key=lambda k: need[k] * seconds[k])] * c
+        elif not any(pinned):
+            uniform = [score(sum(row[k] for row in value), seconds[k]) for k in k_all]  # one bucket at each B
+            k = max(k_all, key=uniform.__getitem__)
+            best, best_gain = [k] * c, uniform[k]
+            if any(o != own[0] for o in own):  # own plan = a uniform one: weighed already
+                plans = [own]
         else:
-            pinned_at = torch.searchsorted(self._sizes, prev.clamp(max=self.max_block))
-            best, best_gain = None, -float("inf")
-            plans = [torch.where(pinned, pinned_at, plan)
-                     for plan in [torch.full((c,), k) for k in range(len(self.candidates))] + [own]]
-        factors = [self.factor(b) for b in self.candidates] if plans else []
+            pinned_at = [bisect.bisect_left(sizes, min(b, self.max_block)) for b in prev]
+            best, best_gain = None, -math.inf
+            plans = [[at if pin else k for pin, at, k in zip(pinned, pinned_at, plan)]
+                     for plan in [[k] * c for k in k_all] + [own]]
+        if plans:
+            factors = [self.factor(b) for b in sizes]
         for plan in plans:
-            counts = torch.bincount(plan, minlength=len(self.candidates)).tolist()
-            bucket_seconds = sum(self._table_price(n, b) * f for n, b, f in zip(counts, self.candidates, factors)
-                                 if n)
-            gain = score(float(value.gather(1, plan[:, None]).sum()), bucket_seconds)
+            counts = [0] * len(sizes)
+            for k in plan:
+                counts[k] += 1
+            bucket_seconds = sum(self._table_price(n, b) * f for n, b, f in zip(counts, sizes, factors) if n)
+            gain = score(sum(row[k] for row, k in zip(value, plan)), bucket_seconds)
             if gain > best_gain:
                 best, best_gain = plan, gain
-        sig.expected[rc] = (table.gather(1, best[:, None]).squeeze(1) - 1).float()  # what the table alone said
-        return self._sizes[best].to(rows.device)
+        sig.expected[rc] = torch.tensor([row[k] - 1 for row, k in zip(table, best)])  # what the table alone said
+        return torch.tensor([sizes[k] for k in best], dtype=rows.dtype, device=rows.device)
 
     def buckets(self, rows: torch.Tensor, pending_has: torch.Tensor, remaining: torch.Tensor | None = None):
         """Yield (block size, rows) groups: one draft and one verify forward per group."""
@@ -404,7 +411,7 @@ class BlockPolicy:
         return full - expected
 
 
-def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means, price):
+def _to_the_limit(value: list[list[float]], remaining: list[int], means: list[float], price: list[float]):
     """[R, K] a round's worth in tokens for requests that may emit only `remaining` [R] more: what it can emit,
     min(V_B, remaining), less what its leftover x = remaining - that will cost beyond the steady rate. The plan's
     rule values a round's tokens as if decoding went on for ever; near its limit a request has one more round to
@@ -414,17 +421,21 @@ def _to_the_limit(value: torch.Tensor, remaining: torch.Tensor, means, price):
     worth away finishes in this round, and far from its limit the rule is unchanged. A round worth nothing or
     less reads 0 (never negative: tokens per second would then prefer the longest round), so where every size is
     worth nothing the cheapest round is taken."""
-    means, price = [float(m) for m in means], [float(p) for p in price]
     steady = means[max(range(len(means)), key=lambda k: means[k] / price[k])]  # a round of the best steady block
-    if float(remaining.min()) - float(value.max()) >= steady:  # no request near its limit: every leftover is a
-        return value  # steady round or more away (the common case, decided without the [R, K, K] work below)
-    means, price = torch.tensor(means, dtype=value.dtype), torch.tensor(price, dtype=value.dtype)
-    made = value.minimum(remaining[:, None].to(value.dtype))
-    left = remaining[:, None] - made  # [R, K]
-    enough = means[None, None, :] >= left[..., None]  # [R, K, K'] rounds of B' that make the leftover
-    finish = torch.where(enough, price[None, None, :], math.inf).amin(-1)  # [R, K] its cheapest such round
-    extra = torch.where((left > 0) & (left < steady) & finish.isfinite(), (finish - left).clamp(min=0), 0.0)
-    return (made - extra).clamp(min=0.0)
+    out = []
+    for row, m in zip(value, remaining):
+        if m - max(row) >= steady:  # far from its limit: every leftover is a steady round or more away
+            out.append(row)
+            continue
+        worth = []
+        for v in row:
+            made = min(v, m)
+            x = m - made  # the leftover, and the cheapest round that makes it on average
+            finish = min((p for mean, p in zip(means, price) if mean >= x), default=math.inf)
+            extra = max(finish - x, 0.0) if 0 < x < steady and finish < math.inf else 0.0
+            worth.append(max(made - extra, 0.0))
+        out.append(worth)
+    return out
 
 
 def _check_covered(what: str, wanted: list[int], have: list[int]):
