@@ -38,8 +38,8 @@ def test_parity_batches_and_blocks(model, mode, batch):
 class Alternate(BlockPolicy):
     """Each slot switches between a plain step (B = 1) and B = 8 from round to round, neighbours out of step."""
 
-    def start(self, num_rows, whole_batch=False):
-        super().start(num_rows, whole_batch)
+    def start(self, num_rows):
+        super().start(num_rows)
         self.turns = torch.zeros(num_rows, dtype=torch.long)  # rounds planned per slot
 
     def plan(self, rows, pending_has, remaining=None):

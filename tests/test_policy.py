@@ -769,7 +769,8 @@ def test_a_static_batch_is_planned_for_its_slowest_request():
     policy = BlockPolicy(DecodingConfig(block_size="auto"), costs, values)
 
     def planned(whole_batch, rows=2):
-        policy.start(rows, whole_batch)
+        policy.start(rows)
+        policy.whole_batch = whole_batch  # as Engine.generate sets it
         policy.signals.entropy[:] = torch.tensor([0.1, 3.0][:rows])[:, None]
         policy.signals.last_block[:] = torch.tensor([32, 8][:rows])
         policy.signals.last_full[:] = torch.tensor([False, False][:rows])

@@ -327,7 +327,8 @@ class Engine:
         if self._compiled is not None:  # few code paths, so few graphs per compiled forward kind (compiled.py)
             self._compiled.adapt(self.slots.cache)
         self.eos_ids = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
-        self.policy.start(num_rows, whole_batch)
+        self.policy.start(num_rows)
+        self.policy.whole_batch = whole_batch
         self.stopper.start(self.slots.seq, prompt_width)
 
     def _admit(self, rows: torch.Tensor, input_ids: torch.Tensor, pads: torch.Tensor,

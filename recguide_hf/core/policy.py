@@ -2,8 +2,8 @@
 
 Fixed mode: every request uses the configured B (B = 1: plain decoding steps in the engine).
 
-"auto" (docs/algorithm.md §2.3), one rule: each round, the plan (a block size for every active request) with the most
-expected tokens per second, `sum_r V_B_r(s_r, z_r) / sum_buckets T_n(B)`, where
+"auto" (docs/algorithm.md §2.3), one rule (a static batch's is below): each round, the plan (a block size for every
+active request) with the most expected tokens per second, `sum_r V_B_r(s_r, z_r) / sum_buckets T_n(B)`, where
 * the candidates are the block sizes the cost table measured on this hardware (`recguide profile`), by
   default {1, 2, 4, 8, 16, 32, 64}; `recguide_block_sizes` narrows them (the paper's set: [8, 16, 32]);
 * `V_B(s, z)` is the calibrated expected progress (tokens per round) given the signal `s_t` and state
@@ -68,7 +68,8 @@ may still emit), the time the batch would take to finish at that B: the block it
 fastest at, the cheapest round where every block gives it the same. (On held-out HumanEval at C = 4, rounds of
 B = 16 cost 33% more than B = 8's, yet recguide's static batches took as many rounds as linear-8's: 81.) One
 request (C = 1) is its own batch and keeps the rate rule, whose last rounds `_to_the_limit` prices; a server's
-slots and `serve`'s closed loop keep it too (a freed slot takes the next request).
+slots and `serve`'s closed loop keep it too (a freed slot takes the next request), and so does `recguide_rho` set
+to a number (a weight on time is a rate's rule). Rows a branch pinned keep their drafted block.
 
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
 `argmax_B V_B / T_C(B)`. A request's first round (no history) reads `V_B` of first rounds,
@@ -251,11 +252,12 @@ class BlockPolicy:
         return cls(config, costs, values, prices)
 
     # ------------------------------------------------------------------ what rounds did
-    def start(self, num_rows: int, whole_batch: bool = False):
-        """A call (or a server's slot table) of `num_rows` request slots begins: no history in any slot.
-        `whole_batch`: one static batch (`Engine.generate`), done when its last request is (module docstring)."""
+    def start(self, num_rows: int):
+        """A call (or a server's slot table) of `num_rows` request slots begins: no history in any slot. The engine
+        then sets `whole_batch`: True for one static batch (`Engine.generate`), done when its last request is
+        (module docstring), False for slots that take the next request."""
         self.signals = Signals(num_rows)
-        self.whole_batch = whole_batch
+        self.whole_batch = False
 
     def reset_rows(self, rows: torch.Tensor):
         """Slots that start a new request forget the old one's rounds."""
@@ -283,7 +285,7 @@ class BlockPolicy:
 
     # ------------------------------------------------------------------ block sizes
     def _round_prices(self, c: int) -> list[float]:
-        """T_C(B) per candidate [K] at c rows: the table's (looked up once per c) times the online correction.
+        """T_C(B) per candidate [K] at c rows: the table's (looked up once per (c, B)) times the online correction.
         Plain floats: a plan runs every round, and K small tensors' dispatch cost more than their arithmetic
         (on the CPU the policy's host time was 3% of a round at C = 1)."""
         return [self._table_price(c, b) * self.factor(b) for b in self.candidates]
@@ -326,8 +328,9 @@ class BlockPolicy:
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
             # NaN: no such round yet, or a plain step; no history at all: NaN (the first round's value)
             s = [accepted_signal(n1, n2, b) for (n1, n2), b in zip(sig.last_accepted[rc].tolist(), prev)]
-        else:  # minus the mean verifier entropy of the last two rounds (NaN, no history: the first round's value)
-            s = [-(e1 + (e1 if math.isnan(e2) else e2)) / 2 for e1, e2 in sig.entropy[rc].tolist()]
+        else:  # minus the mean verifier entropy of the last two rounds (NaN, no history: the first round's value),
+            e1, e2 = sig.entropy[rc].unbind(1)  # in float32 as calibrated: the bins' edges compare it so
+            s = (-(e1 + torch.where(e2.isnan(), e1, e2)) / 2).tolist()
         sizes = self.candidates
         k_all = range(len(sizes))
         key = tuple(sizes)
@@ -356,10 +359,12 @@ class BlockPolicy:
         own = [rate(row) for row in value]
         pinned = pending_has.cpu()[rc].tolist()  # a branch drafted these rows' next block, at their last size
         plans: list[list[int]] = []
-        if self.whole_batch and c > 1 and weight is None and left is not None and not any(pinned):
-            # one static batch: the plan that finishes its slowest request soonest (module docstring)
+        if self.whole_batch and c > 1 and weight is None and left is not None:
+            # one static batch: the plan that finishes its slowest request soonest (module docstring); rows a
+            # branch pinned keep their drafted block
             need = [max(max(1.0, m / max(row[k], 1.0)) for row, m in zip(unlimited, left)) for k in k_all]
-            best = [min(k_all, key=lambda k: need[k] * seconds[k])] * c
+            k = min(k_all, key=lambda k: need[k] * seconds[k])
+            best = [bisect.bisect_left(sizes, min(b, self.max_block)) if pin else k for pin, b in zip(pinned, prev)]
         elif not any(pinned):
             uniform = [score(sum(row[k] for row in value), seconds[k]) for k in k_all]  # one bucket at each B
             k = max(k_all, key=uniform.__getitem__)
@@ -424,7 +429,7 @@ def _to_the_limit(value: list[list[float]], remaining: list[int], means: list[fl
     steady = means[max(range(len(means)), key=lambda k: means[k] / price[k])]  # a round of the best steady block
     out = []
     for row, m in zip(value, remaining):
-        if m - max(row) >= steady:  # far from its limit: every leftover is a steady round or more away
+        if m - max(row) >= steady and min(row) >= 0:  # far from its limit: every leftover a steady round away
             out.append(row)
             continue
         worth = []
