@@ -338,8 +338,8 @@ class BlockPolicy:
         value, means = table, self._means
         if self.learns_values:  # V'_B = 1 + a (V_B - 1) within [1, B]: one ratio a for every B > 1 (B = 1 reads 1)
             a = self.prices.values.scale()
-            value = [[min(max(1 + a * (v - 1), 1.0), b) for v, b in zip(row, sizes)] for row in table]
-            means = [min(max(1 + a * (m - 1), 1.0), b) for m, b in zip(means, sizes)]
+            value = [[_within(1 + a * (v - 1), b) for v, b in zip(row, sizes)] for row in table]
+            means = [_within(1 + a * (m - 1), b) for m, b in zip(means, sizes)]
         seconds = self._round_prices(c)  # once per round: the load's prices and every bucket's read them
         weight = self.config.rho  # None: tokens per second; a number: tokens less weight x C x seconds
         rho = weight if weight is not None else max(m / t for m, t in zip(means, seconds))
@@ -352,9 +352,9 @@ class BlockPolicy:
             return tokens / seconds_ if weight is None else tokens - c * weight * seconds_
 
         def rate(row):  # a request's own best block: the most of its tokens per second (or worth less time)
-            if weight is None:
-                return max(k_all, key=lambda k: row[k] / seconds[k])
-            return max(k_all, key=lambda k: row[k] - weight * seconds[k])
+            scores = [v / t for v, t in zip(row, seconds)] if weight is None else \
+                [v - weight * t for v, t in zip(row, seconds)]
+            return scores.index(max(scores))  # the first best, as argmax
 
         own = [rate(row) for row in value]
         pinned = pending_has.cpu()[rc].tolist()  # a branch drafted these rows' next block, at their last size
@@ -366,7 +366,7 @@ class BlockPolicy:
             k = min(k_all, key=lambda k: need[k] * seconds[k])
             best = [bisect.bisect_left(sizes, min(b, self.max_block)) if pin else k for pin, b in zip(pinned, prev)]
         elif not any(pinned):
-            uniform = [score(sum(row[k] for row in value), seconds[k]) for k in k_all]  # one bucket at each B
+            uniform = [score(sum(col), t) for col, t in zip(zip(*value), seconds)]  # one bucket at each B
             k = max(k_all, key=uniform.__getitem__)
             best, best_gain = [k] * c, uniform[k]
             if any(o != own[0] for o in own):  # own plan = a uniform one: weighed already
@@ -414,6 +414,11 @@ class BlockPolicy:
         expected = sum(math.comb(num_rows, k) * (1 - h) ** k * h ** (num_rows - k) * self.costs.draft(k, block)
                        for k in range(1, num_rows + 1))
         return full - expected
+
+
+def _within(x: float, block: int) -> float:
+    """x within [1, block] (a corrected value: at least the one token a round always yields, at most the block)."""
+    return 1.0 if x < 1.0 else (block if x > block else x)
 
 
 def _to_the_limit(value: list[list[float]], remaining: list[int], means: list[float], price: list[float]):
