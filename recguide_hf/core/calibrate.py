@@ -228,7 +228,7 @@ class ValueTable:
                                         for f in (0, 1)] for bp in self.block_sizes], dtype=torch.float32)
                       for b in self.block_sizes}
         self._edges = torch.tensor(self.edges, dtype=torch.float32)
-        self._stacked: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._stacked: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         # `row`'s plain-float reading: the lookup table, the bin edges as the tensor path compares them, its memo
         self._prev_list = self._prev_lut.tolist()
         self._edges_list = self._edges.double().tolist()
@@ -255,13 +255,7 @@ class ValueTable:
     def values_matrix(self, blocks: list[int], s: torch.Tensor, prev_block: torch.Tensor,
                       full: torch.Tensor) -> torch.Tensor:
         """`values_for` of several blocks in one lookup: -> [R, K] float (`row` reads it one request at a time)."""
-        key = tuple(blocks)
-        if key not in self._stacked:  # [K, P, 2, S] grids (V_1 = 1 everywhere), [K] means and first rounds' means
-            shape = (len(self.block_sizes), 2, len(self.edges) + 1)
-            grids = [torch.ones(shape) if b == 1 else self._grid[b] for b in blocks]
-            self._stacked[key] = (torch.stack(grids), torch.tensor([self.mean[b] for b in blocks]),
-                                  torch.tensor([self.first[b] for b in blocks]))
-        grid, means, firsts = self._stacked[key]
+        grid, means, firsts = self._stack(tuple(blocks))
         prev_idx = self._prev_lut[prev_block.clamp(0, 64)]
         known = (prev_idx >= 0) & (~s.isnan() | (not self.reads_signal))  # s unread: every bin reads alike
         known = known[:, None]
@@ -269,6 +263,15 @@ class ValueTable:
         v = grid[:, prev_idx.clamp(min=0), full.long(), bins].T  # [R, K]
         fallback = torch.where((prev_block == 0)[:, None], firsts[None, :], means[None, :])  # no round yet: first
         return torch.where(known, v, fallback)
+
+    def _stack(self, blocks: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[K, P, 2, S] grids (V_1 = 1 everywhere), [K] means and [K] first rounds' means of `blocks`, built once."""
+        if blocks not in self._stacked:
+            shape = (len(self.block_sizes), 2, len(self.edges) + 1)
+            grids = [torch.ones(shape) if b == 1 else self._grid[b] for b in blocks]
+            self._stacked[blocks] = (torch.stack(grids), torch.tensor([self.mean[b] for b in blocks]),
+                                     torch.tensor([self.first[b] for b in blocks]))
+        return self._stacked[blocks]
 
     def row(self, blocks: tuple[int, ...], s: float, prev_block: int, full: bool) -> tuple[float, ...]:
         """`values_matrix` for one request as plain floats (the policy's per-round lookup, a few dict reads rather
@@ -280,10 +283,7 @@ class ValueTable:
             key = (blocks, prev_block == 0)
         got = self._rows.get(key)
         if got is None:
-            if tuple(blocks) not in self._stacked:
-                self.values_matrix(list(blocks), torch.zeros(0), torch.zeros(0, dtype=torch.long),
-                                   torch.zeros(0, dtype=torch.bool))
-            grid, means, firsts = self._stacked[tuple(blocks)]
+            grid, means, firsts = self._stack(blocks)
             if len(key) == 4:
                 got = tuple(grid[:, prev_idx, int(full), key[3]].double().tolist())
             else:

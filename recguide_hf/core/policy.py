@@ -358,13 +358,15 @@ class BlockPolicy:
 
         own = [rate(row) for row in value]
         pinned = pending_has.cpu()[rc].tolist()  # a branch drafted these rows' next block, at their last size
+        if any(pinned):  # the candidate index of each row's last block
+            pinned_at = [bisect.bisect_left(sizes, min(b, self.max_block)) for b in prev]
         plans: list[list[int]] = []
         if self.whole_batch and c > 1 and weight is None and left is not None:
             # one static batch: the plan that finishes its slowest request soonest (module docstring); rows a
             # branch pinned keep their drafted block
             need = [max(max(1.0, m / max(row[k], 1.0)) for row, m in zip(unlimited, left)) for k in k_all]
             k = min(k_all, key=lambda k: need[k] * seconds[k])
-            best = [bisect.bisect_left(sizes, min(b, self.max_block)) if pin else k for pin, b in zip(pinned, prev)]
+            best = [at if pin else k for pin, at in zip(pinned, pinned_at)] if any(pinned) else [k] * c
         elif not any(pinned):
             uniform = [score(sum(col), t) for col, t in zip(zip(*value), seconds)]  # one bucket at each B
             k = max(k_all, key=uniform.__getitem__)
@@ -372,7 +374,6 @@ class BlockPolicy:
             if any(o != own[0] for o in own):  # own plan = a uniform one: weighed already
                 plans = [own]
         else:
-            pinned_at = [bisect.bisect_left(sizes, min(b, self.max_block)) for b in prev]
             best, best_gain = None, -math.inf
             plans = [[at if pin else k for pin, at, k in zip(pinned, pinned_at, plan)]
                      for plan in [[k] * c for k in k_all] + [own]]
