@@ -12,7 +12,7 @@ from recguide_hf.core.calibrate import Round, ValueTable, fit
 from recguide_hf.core.config import DecodingConfig
 from recguide_hf.core.costs import CostTable
 from recguide_hf.core.engine import Engine, SamplingSettings, verifier_entropy
-from recguide_hf.core.policy import BlockPolicy, RoundOutcome, _to_the_limit
+from recguide_hf.core.policy import BlockPolicy, RoundOutcome, Signals, _largest_of, _rounds_to_make, _to_the_limit
 from recguide_hf.models.registry import as_backbone
 
 
@@ -726,6 +726,90 @@ def test_first_rounds_are_calibrated_apart():
     assert legacy.value(32, None, None, None) == pytest.approx(21.0)
     assert legacy.values_matrix([32], torch.tensor([float("nan")]), torch.tensor([0]),
                                 torch.tensor([False])).item() == pytest.approx(21.0)
+
+
+def _positional_rounds():
+    """Requests whose drafts are accepted more the further they are from their prompt: a round at position p accepts
+    2 drafts below 8 tokens, 10 from 8, and every round emits accepted + 1 tokens (positions 0, 3, 6, 9, 20, 31)."""
+    rounds = []
+    for req in range(30):
+        p = 0
+        for t in range(6):
+            n = 2 if p < 8 else 10
+            rounds.append(Round("a", req, t, 1.0, n, position=p, drafts=31))
+            p += n + 1
+    return rounds
+
+
+def test_a_state_without_a_reading_reads_its_position():
+    """Calibration keeps the mean progress of rounds by how far they began from the prompt (`by_position`, bin 0 the
+    first rounds). A state without a reading reads it: no round yet, and under the accepted signal a plain step
+    last (its cells are the block's mean). A block-round state reads its cells; the vectorised lookup and the
+    policy's per-request one agree; a table from before positions reads the mean after a plain step, as it did."""
+    table = fit(_positional_rounds(), block_sizes=(1, 8, 32), num_bins=2, signal="accepted")
+    edges = table["position_edges"]
+    assert edges == [1, 4, 8, 16, 32, 64]
+    # bins: 0 | 1-3 (p=3) | 4-7 (p=6) | 8-15 (p=9) | 16-31 (p=20) | 32-63 (none: the bin before) | 64+ (the same)
+    assert table["by_position"]["32"] == pytest.approx([3, 3, 3, 11, 11, 11, 11])
+    assert table["by_position"]["8"] == pytest.approx([3, 3, 3, 8, 8, 8, 8])
+    assert table["first"]["32"] == pytest.approx(3)
+    vt = ValueTable(table)
+    assert vt.value(32, 0.0, 1, False, position=3) == pytest.approx(3)  # after plain steps, near the prompt
+    assert vt.value(32, 0.0, 1, False, position=40) == pytest.approx(11)  # and far from it
+    assert vt.value(32, None, 0, False) == pytest.approx(3)  # no round yet
+    assert vt.mean[32] == pytest.approx((2 * 3 + 3 * 11) / 5)  # rounds with history: what a plain step read before
+    legacy = ValueTable({k: v for k, v in table.items() if k not in ("by_position", "position_edges")})
+    assert legacy.value(32, 0.0, 1, False, position=3) == pytest.approx(legacy.mean[32])
+    s = torch.tensor([0.0, 0.0, float("nan"), 2.0, 10.0])
+    prev, full = torch.tensor([1, 1, 0, 32, 8]), torch.tensor([False, False, False, False, True])
+    position = torch.tensor([3, 40, 0, 5, 30])
+    matrix = vt.values_matrix([8, 1, 32], s, prev, full, position)
+    assert matrix[:, 2].tolist() == pytest.approx([3, 11, 3, vt.value(32, 2.0, 32, False), vt.value(32, 10.0, 8, True)])
+    rows = [vt.row((8, 1, 32), si, pi, fi, ai) for si, pi, fi, ai in
+            zip(s.tolist(), prev.tolist(), full.tolist(), position.tolist())]
+    assert [list(r) for r in rows] == matrix.double().tolist()
+    for table_ in (table, {k: v for k, v in table.items() if k != "by_position"}):  # a block without positions
+        no_blocks = ValueTable(table_ | {"by_position": {}})
+        assert no_blocks.value(32, 0.0, 0, False) == pytest.approx(3)  # the first round's mean, as before
+
+
+def test_signals_count_each_slots_tokens_since_its_prompt():
+    """The policy's position: a round emits its accepted drafts and one token more (a plain step one); a slot that
+    takes a new request starts again from 0."""
+    signals = Signals(3)
+    rows = torch.tensor([0, 2])
+    signals.record(RoundOutcome(rows, 8, torch.tensor([7, 2]), torch.tensor([7, 7])))
+    signals.record(RoundOutcome(torch.tensor([2]), 1, torch.tensor([0]), torch.tensor([0])))
+    assert signals.position.tolist() == [8, 0, 4]
+    signals.reset_rows(torch.tensor([0]))
+    assert signals.position.tolist() == [0, 0, 4]
+
+
+def test_a_static_batch_waits_on_its_unluckiest_request():
+    """A round's progress strays sigma_B from what the table predicts (its out-of-fold RMSE), so of c requests the
+    slowest makes n rounds' tokens about z_c sigma_B sqrt(n) short of n V_B (z_c: the mean largest of c standard
+    normals). Here every request makes V_8 = 5 tokens a round at 4 x a plain step's price (125 tokens a second
+    against 100): a request at the mean finishes its 40 tokens in 8 rounds (32 plain steps' time, against 40), but
+    with sigma_8 = 2.5 the slowest of 16 needs sqrt(n) = (z 2.5 + sqrt((z 2.5)^2 + 800)) / 10, n = 10.9 rounds (43.7
+    plain steps' time): plain steps finish the batch sooner. One request keeps the rate rule; a table without a
+    measured spread plans for the mean (B = 8)."""
+    assert _largest_of(16) == pytest.approx(1.766, abs=0.01) and _largest_of(2) == pytest.approx(0.564, abs=0.03)
+    assert _rounds_to_make(40, 5.0, 0.0) == 8.0 and _rounds_to_make(3, 1.0, 0.0) == 3.0
+    assert _rounds_to_make(40, 5.0, _largest_of(16) * 2.5) == pytest.approx(10.9, abs=0.1)
+    costs = CostTable({"costs": {str(c): {"1": {"draft": 0.0, "verify": [0.01] * 4},
+                                          "8": {"draft": 0.02, "verify": [0.02] * 4}} for c in (1, 16)}})
+
+    def planned(rows, rmse):
+        values = ValueTable({"block_sizes": [8], "s_edges": [], "mean": {"8": 5.0}, "values": {"8": {}},
+                             "shrink": {"8": 0.0}, "first": {"8": 5.0}, "report": {"rmse": {"8": rmse}}})
+        policy = BlockPolicy(DecodingConfig(block_size="auto", online_costs=False, online_values=False), costs, values)
+        policy.start(rows)
+        policy.whole_batch = True  # as Engine.generate sets it
+        return policy.plan(torch.arange(rows), torch.zeros(rows, dtype=torch.bool), torch.full((rows,), 40)).tolist()
+
+    assert planned(16, rmse=2.5) == [1] * 16
+    assert planned(16, rmse=0.0) == [8] * 16
+    assert planned(1, rmse=2.5) == [8]
 
 
 def test_policy_reads_recent_acceptance_and_skips_the_entropy_pass(model):

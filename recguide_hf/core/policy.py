@@ -63,17 +63,23 @@ The policy learns only through `observe(RoundOutcome)`, one call per bucket roun
 One static batch (`generate`: the call returns when its last request is done, and a request that finishes early
 frees a slot no other request takes) is timed by its slowest request, not by tokens per second: a round that
 races a confident request ahead while the batch waits on an unsure one buys nothing. There, for C > 1, the plan
-is every request at the one B that minimises `T_C(B) max_r max(1, m_r / V_B(r))` (m_r: the tokens request r
-may still emit), the time the batch would take to finish at that B: the block its laggard makes its tokens
-fastest at, the cheapest round where every block gives it the same. (On held-out HumanEval at C = 4, rounds of
-B = 16 cost 33% more than B = 8's, yet recguide's static batches took as many rounds as linear-8's: 81.) One
+is every request at the one B that minimises `T_C(B) max_r n_B(r)`, the time the batch would take to finish at
+that B: the block its laggard makes its tokens fastest at, the cheapest round where every block gives it the same.
+`n_B(r)` is the rounds request r needs for the m_r tokens it may still emit, were it the unluckiest of the C: a
+round's progress strays `sigma_B` (the value table's out-of-fold RMSE) from `V_B(r)`, independently round to round,
+so n rounds make `n V_B - z_C sigma_B sqrt(n)`, z_C the mean largest of C standard normals (1.77 at 16; V and
+sigma scaled alike by the online ratio); `n_B(r)` solves that for m_r (m_r / V_B at sigma = 0, and for B = 1: a
+plain step makes its token for sure). (On held-out HumanEval at C = 4, rounds of B = 16 cost 33% more than
+B = 8's, yet recguide's static batches took as many rounds as linear-8's: 81. At C = 16, planned for the mean
+request, a B = 8 round was tried where its 16 rows made less than plain steps would have.) One
 request (C = 1) is its own batch and keeps the rate rule, whose last rounds `_to_the_limit` prices; a server's
 slots and `serve`'s closed loop keep it too (a freed slot takes the next request), and so does `recguide_rho` set
 to a number (a weight on time is a rate's rule). Rows a branch pinned keep their drafted block.
 
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
-`argmax_B V_B / T_C(B)`. A request's first round (no history) reads `V_B` of first rounds,
-calibrated apart: right after a prompt far fewer drafts are accepted than later. B = 1 is the
+`argmax_B V_B / T_C(B)`. A request whose state has no reading (no round yet, or, under the accepted signal, a plain
+step last) reads `V_B` by its position, the tokens it has emitted since its prompt (calibrated apart: near a
+prompt far fewer drafts are accepted than later; `Signals.position` counts them as calibration does). B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
 forward at this load the round is a plain step, and the round after may speculate again. No threshold on
 concurrency appears anywhere: load enters only through the measured `T`.
@@ -93,6 +99,7 @@ import bisect
 import math
 import warnings
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import torch
 
@@ -128,6 +135,7 @@ class Signals:
         self.last_block = torch.zeros(num_rows, dtype=torch.long)  # 0: no round yet
         self.last_full = torch.zeros(num_rows, dtype=torch.bool)
         self.expected = torch.full((num_rows,), float("nan"))  # drafts the value table predicted accepted
+        self.position = torch.zeros(num_rows, dtype=torch.long)  # tokens emitted since the prompt
 
     def reset_rows(self, rows: torch.Tensor):
         rows = rows.cpu()
@@ -135,6 +143,7 @@ class Signals:
             t[rows] = float("nan")
         self.last_block[rows] = 0
         self.last_full[rows] = False
+        self.position[rows] = 0
 
     def record(self, out: RoundOutcome):
         rows, accepted = out.rows.cpu(), out.accepted.cpu()
@@ -146,6 +155,7 @@ class Signals:
             self.entropy[rows, 0] = out.entropy.float().cpu()
         self.last_block[rows] = out.block
         self.last_full[rows] = accepted >= out.drafts.cpu()
+        self.position[rows] += accepted.long() + 1  # as calibration counts them (a stop token cuts no count)
 
 
 class OnlinePrices:
@@ -324,7 +334,7 @@ class BlockPolicy:
         rc = rows.cpu()
         c = rc.numel()
         sig = self.signals
-        prev, full = sig.last_block[rc].tolist(), sig.last_full[rc].tolist()
+        prev, full, at = sig.last_block[rc].tolist(), sig.last_full[rc].tolist(), sig.position[rc].tolist()
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
             # NaN: no such round yet, or a plain step; no history at all: NaN (the first round's value)
             s = [accepted_signal(n1, n2, b) for (n1, n2), b in zip(sig.last_accepted[rc].tolist(), prev)]
@@ -334,11 +344,17 @@ class BlockPolicy:
         sizes = self.candidates
         k_all = range(len(sizes))
         key = tuple(sizes)
-        table = [self.values.row(key, si, p, f) for si, p, f in zip(s, prev, full)]  # [R][K] the table's V_B
+        # [R][K] V_B: requests in one state, signal bin and position bin share one (memoised) tuple, so what is
+        # worked out from a row is worked out once per distinct row (keyed by id: every row lives through the plan)
+        table = [self.values.row(key, si, p, f, a) for si, p, f, a in zip(s, prev, full, at)]
         value, means = table, self._means
         if self.learns_values:  # V'_B = 1 + a (V_B - 1) within [1, B]: one ratio a for every B > 1 (B = 1 reads 1)
             a = self.prices.values.scale()
-            value = [[_within(1 + a * (v - 1), b) for v, b in zip(row, sizes)] for row in table]
+            fixed: dict[int, list[float]] = {}
+            for row in table:
+                if id(row) not in fixed:
+                    fixed[id(row)] = [_within(1 + a * (v - 1), b) for v, b in zip(row, sizes)]
+            value = [fixed[id(row)] for row in table]
             means = [_within(1 + a * (m - 1), b) for m, b in zip(means, sizes)]
         seconds = self._round_prices(c)  # once per round: the load's prices and every bucket's read them
         weight = self.config.rho  # None: tokens per second; a number: tokens less weight x C x seconds
@@ -356,7 +372,11 @@ class BlockPolicy:
                 [v - weight * t for v, t in zip(row, seconds)]
             return scores.index(max(scores))  # the first best, as argmax
 
-        own = [rate(row) for row in value]
+        rates: dict[int, int] = {}
+        for row in value:
+            if id(row) not in rates:
+                rates[id(row)] = rate(row)
+        own = [rates[id(row)] for row in value]
         pinned = pending_has.cpu()[rc].tolist()  # a branch drafted these rows' next block, at their last size
         if any(pinned):  # the candidate index of each row's last block
             pinned_at = [bisect.bisect_left(sizes, min(b, self.max_block)) for b in prev]
@@ -364,7 +384,14 @@ class BlockPolicy:
         if self.whole_batch and c > 1 and weight is None and left is not None:
             # one static batch: the plan that finishes its slowest request soonest (module docstring); rows a
             # branch pinned keep their drafted block
-            need = [max(max(1.0, m / max(row[k], 1.0)) for row, m in zip(unlimited, left)) for k in k_all]
+            z = _largest_of(c)  # how far the slowest of c requests' progress falls below its mean, in spreads
+            a = self.prices.values.scale() if self.learns_values else 1.0
+            spread = [z * a * self.values.spread.get(b, 0.0) if b > 1 else 0.0 for b in sizes]
+            most: dict[int, tuple] = {}  # per distinct row, the most tokens one of its requests may still emit
+            for row, m in zip(unlimited, left):
+                if id(row) not in most or m > most[id(row)][1]:
+                    most[id(row)] = (row, m)
+            need = [max(_rounds_to_make(m, row[k], spread[k]) for row, m in most.values()) for k in k_all]
             k = min(k_all, key=lambda k: need[k] * seconds[k])
             best = [at if pin else k for pin, at in zip(pinned, pinned_at)] if any(pinned) else [k] * c
         elif not any(pinned):
@@ -415,6 +442,23 @@ class BlockPolicy:
         expected = sum(math.comb(num_rows, k) * (1 - h) ** k * h ** (num_rows - k) * self.costs.draft(k, block)
                        for k in range(1, num_rows + 1))
         return full - expected
+
+
+def _largest_of(n: int) -> float:
+    """E max of n standard normals (Blom's approximation, within 0.03 for n >= 2): 0.59 at 2, 1.77 at 16."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def _rounds_to_make(tokens: float, value: float, spread: float) -> float:
+    """Rounds the slowest request needs for `tokens` at `value` a round, when n rounds make n value - spread sqrt(n)
+    (`spread` = z sigma_B: progress strays sigma_B a round, independently, and the slowest of the batch's requests
+    falls z of its spreads below the mean): the root of n v - spread sqrt(n) = tokens, at least one round. With
+    spread 0 (a plain step makes its token for sure; a table without a measured spread): tokens / value."""
+    value = max(value, 1.0)
+    if spread <= 0.0:  # exactly tokens / value, so a tie between sizes stays one
+        return max(1.0, tokens / value)
+    root = (spread + math.sqrt(spread * spread + 4.0 * value * tokens)) / (2.0 * value)
+    return max(1.0, root * root)
 
 
 def _within(x: float, block: int) -> float:

@@ -230,10 +230,11 @@ def cmd_calibrate(args) -> int:
                             SamplingSettings(max_new_tokens=args.max_new_tokens, eos_token_ids=[eos],
                                              pad_token_id=tokenizer.pad_token_id))
             _, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
-            t = {}
-            for row, _, accepted, _, entropy, first in stats.round_log:
+            t, at = {}, {}
+            for row, _, accepted, drafts, entropy, first in stats.round_log:
                 t[row] = t.get(row, -1) + 1
-                rounds.append(Round(name, i + row, t[row], entropy, accepted, first))
+                rounds.append(Round(name, i + row, t[row], entropy, accepted, first, at.get(row, 0), drafts))
+                at[row] = at.get(row, 0) + accepted + 1  # tokens since the prompt, as the policy counts them
     table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins, signal=args.signal)
     table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts, "skip": args.skip,
                             "max_new_tokens": args.max_new_tokens}
