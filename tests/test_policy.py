@@ -749,28 +749,47 @@ def test_a_state_without_a_reading_reads_its_position():
     table = fit(_positional_rounds(), block_sizes=(1, 8, 32), num_bins=2, signal="accepted")
     edges = table["position_edges"]
     assert edges == [1, 4, 8, 16, 32, 64]
-    # bins: 0 | 1-3 (p=3) | 4-7 (p=6) | 8-15 (p=9) | 16-31 (p=20) | 32-63 (none: the bin before) | 64+ (the same)
+    # bins: 0 | 1-3 (p=3) | 4-7 (p=6) | 8-15 (p=9) | 16-31 (p=20, 31) | 32-63 (none: the bin before) | 64+ (same)
     assert table["by_position"]["32"] == pytest.approx([3, 3, 3, 11, 11, 11, 11])
     assert table["by_position"]["8"] == pytest.approx([3, 3, 3, 8, 8, 8, 8])
     assert table["first"]["32"] == pytest.approx(3)
     vt = ValueTable(table)
-    assert vt.value(32, 0.0, 1, False, position=3) == pytest.approx(3)  # after plain steps, near the prompt
-    assert vt.value(32, 0.0, 1, False, position=40) == pytest.approx(11)  # and far from it
+    assert vt.value(32, 0.0, 1, True, position=3) == pytest.approx(3)  # after plain steps, near the prompt
+    assert vt.value(32, 0.0, 1, True, position=40) == pytest.approx(11)  # and far from it
     assert vt.value(32, None, 0, False) == pytest.approx(3)  # no round yet
     assert vt.mean[32] == pytest.approx((2 * 3 + 3 * 11) / 5)  # rounds with history: what a plain step read before
     legacy = ValueTable({k: v for k, v in table.items() if k not in ("by_position", "position_edges")})
-    assert legacy.value(32, 0.0, 1, False, position=3) == pytest.approx(legacy.mean[32])
+    assert legacy.value(32, 0.0, 1, True, position=3) == pytest.approx(legacy.mean[32])
     s = torch.tensor([0.0, 0.0, float("nan"), 2.0, 10.0])
-    prev, full = torch.tensor([1, 1, 0, 32, 8]), torch.tensor([False, False, False, False, True])
+    prev, full = torch.tensor([1, 1, 0, 32, 8]), torch.tensor([True, True, False, False, True])
     position = torch.tensor([3, 40, 0, 5, 30])
     matrix = vt.values_matrix([8, 1, 32], s, prev, full, position)
     assert matrix[:, 2].tolist() == pytest.approx([3, 11, 3, vt.value(32, 2.0, 32, False), vt.value(32, 10.0, 8, True)])
     rows = [vt.row((8, 1, 32), si, pi, fi, ai) for si, pi, fi, ai in
             zip(s.tolist(), prev.tolist(), full.tolist(), position.tolist())]
     assert [list(r) for r in rows] == matrix.double().tolist()
-    for table_ in (table, {k: v for k, v in table.items() if k != "by_position"}):  # a block without positions
-        no_blocks = ValueTable(table_ | {"by_position": {}})
-        assert no_blocks.value(32, 0.0, 0, False) == pytest.approx(3)  # the first round's mean, as before
+    no_blocks = ValueTable(table | {"by_position": {}})  # no block has positions: a plain step last reads the
+    assert no_blocks.value(32, 0.0, 0, False) == pytest.approx(3)  # cells (the mean), no round yet the first round's
+    assert no_blocks.value(32, 0.0, 1, True, position=40) == pytest.approx(no_blocks.mean[32])
+    some = ValueTable(table | {"by_position": {"8": table["by_position"]["8"]}})  # B = 32 without: first, then mean
+    assert some.value(32, 0.0, 1, True, position=2) == pytest.approx(some.mean[32])
+    assert some.value(32, None, 0, False) == pytest.approx(3) and some.value(8, 0.0, 1, True, position=9) == 8
+
+
+def test_values_by_position_come_from_blocks_drafted_after_plain_steps():
+    """`recguide calibrate` also drafts one block after p plain steps, at set positions: a request that took plain
+    steps reaches every position, where one drafting all along reaches a position only after the rounds that ended
+    there. Given those rounds, the values by position are theirs (each dataset weighing 1 in all); a block the
+    limit cut counts for the smaller sizes only; the rest of the table still comes from the calibration run."""
+    rounds = _positional_rounds()
+    fresh = [Round("a", req, 0, float("nan"), n, position=p, drafts=31)
+             for req in range(4) for p, n in ((0, 1), (2, 5), (6, 5), (12, 9), (24, 9), (48, 19), (96, 19))]
+    fresh += [Round("b", 0, 0, float("nan"), 3, position=12, drafts=7)]  # cut at 7 drafts: it counts for B = 8
+    table = fit(rounds, block_sizes=(1, 8, 32), num_bins=2, signal="accepted", fresh=fresh)
+    assert table["by_position"]["32"] == pytest.approx([2, 6, 6, 10, 10, 20, 20])
+    b_8 = (4 / 28 * 8 + 1 * 4) / (4 / 28 + 1)  # "b"'s one round weighs as all 28 of "a", 4 of which are here
+    assert table["by_position"]["8"] == pytest.approx([2, 6, 6, b_8, 8, 8, 8])
+    assert table["mean"] == fit(rounds, block_sizes=(1, 8, 32), num_bins=2, signal="accepted")["mean"]
 
 
 def test_signals_count_each_slots_tokens_since_its_prompt():

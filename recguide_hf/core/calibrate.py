@@ -13,9 +13,9 @@ the verifier's next token, while a block round's `e_t` averages the places up to
 accepted ones mostly sure). So for B' = 1 the certainty is made from `f_t`, the entropy at the block's first
 place, which the same calibration round logs: what a plain step at that point would have read.
 
-A round's position (tokens since the prompt) is logged too, and the mean progress by position (`by_position`)
-is what a state without a reading reads (`_by_position`): a request's first rounds, and its rounds after plain
-steps under the accepted signal.
+A round's position (tokens since the prompt) is logged too. The mean progress by position (`by_position`), of
+blocks drafted after plain steps only, is what a state without a reading reads (`_by_position`): a request's
+first round, and its rounds after plain steps under the accepted signal.
 
 The signal can instead be recent verification outcomes (`signal="accepted"`, `recguide calibrate --signal
 accepted`): s_t = the mean drafts accepted in the last two rounds, each as a round at the state's block B' would
@@ -59,6 +59,7 @@ class Round:
 
 
 POSITION_EDGES = (1, 4, 8, 16, 32, 64)  # bins of a round's position (tokens since the prompt) for `by_position`
+POSITION_TARGETS = (0, 2, 6, 12, 24, 48, 96)  # where `recguide calibrate` drafts a fresh block: one per bin
 
 
 SIGNALS = ("entropy", "accepted")  # what the per-request signal s_t is made of (module docstring)
@@ -103,8 +104,10 @@ def _samples(rounds: list[Round], block_sizes, weights_by_dataset, signal: str =
 
 
 def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: int = 5, seed: int = 0,
-        signal: str = "entropy") -> dict:
-    """Fit V on all rounds and report out-of-fold prediction quality; `signal` (SIGNALS) is what s_t is."""
+        signal: str = "entropy", fresh: list[Round] | None = None) -> dict:
+    """Fit V on all rounds and report out-of-fold prediction quality; `signal` (SIGNALS) is what s_t is. `fresh`:
+    block rounds drafted after plain steps only, at set positions (`_by_position`); None: the values by position
+    come from `rounds`."""
     if signal not in SIGNALS:
         raise ValueError(f"signal {signal!r}: expected one of {SIGNALS}")
     counts: dict[str, int] = {}
@@ -122,7 +125,16 @@ def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: 
             "mean": table["mean"], "state_mean": table["state_mean"], "shrink_state": report.pop("shrink_state"),
             "shrink_signal": report.pop("shrink_signal"), "report": report,
             "first": _first_rounds(rounds, block_sizes, weights),
-            **_by_position(rounds, block_sizes, weights), "datasets": {d: n for d, n in counts.items()}}
+            **_by_position(fresh or rounds, block_sizes, _weights(fresh) if fresh else weights),
+            "datasets": {d: n for d, n in counts.items()}}
+
+
+def _weights(rounds: list[Round]) -> dict[str, float]:
+    """Each dataset's rounds weigh 1 in all."""
+    counts: dict[str, int] = {}
+    for r in rounds:
+        counts[r.dataset] = counts.get(r.dataset, 0) + 1
+    return {d: 1.0 / n for d, n in counts.items()}
 
 
 def _first_rounds(rounds: list[Round], block_sizes, weights_by_dataset) -> dict[str, float]:
@@ -140,10 +152,17 @@ def _by_position(rounds: list[Round], block_sizes, weights_by_dataset) -> dict:
     the rounds that began `position` tokens after it, in bins (`POSITION_EDGES`; bin 0: the first rounds). A
     request that has drafted nothing yet, or only plain steps lately (a plain step accepts no drafts: under the
     accepted signal its state carries no reading), reads these rather than the block's mean: drafts near a prompt
-    are accepted far less (the bundled model on its code prompts, B = 8: 2.2 tokens a round in the first 8 tokens,
-    3.4 by 16, 4.9 past 32), so a request's first plain steps did not bring it to the mean. A round its request's
-    limit cut (fewer drafts than B - 1) does not count for B; an empty bin reads the bin before it. Empty when the
-    rounds carry no positions (calibrations from before they were logged)."""
+    are accepted far less (the bundled model, B = 8: 3.0 tokens a round at the prompt, 3.7 from 1 token, 4.8 from
+    8, 6.1 from 32), so a request's first plain steps do not bring it to the mean. A round its request's limit cut
+    (fewer drafts than B - 1) does not count for B; an empty bin reads the bin before it. Empty when the rounds
+    carry no positions (calibrations from before they were logged).
+
+    `recguide calibrate` gives it rounds of their own (`fit(fresh=...)`): a block drafted after p plain steps only,
+    at one target p per bin, as a request that took plain steps meets it. The calibration run's own rounds read
+    low there: a request drafting all along begins a round at p only after rounds that ended there, so round
+    starts fall more often in hard stretches (where rounds are short), and 1 to 3 tokens from the prompt only
+    after a first round that accepted 0 to 2 drafts. On the bundled model, B = 8, they read 3.0, 3.5, 4.3, 4.5,
+    5.3 and 5.4 where fresh blocks made 3.7, 3.9, 4.8, 5.0, 6.1 and 6.2 (bins 1 to 6)."""
     if any(r.position is None for r in rounds):
         return {}
     values = {}

@@ -334,9 +334,9 @@ class BlockPolicy:
         rc = rows.cpu()
         c = rc.numel()
         sig = self.signals
-        prev, full, at = sig.last_block[rc].tolist(), sig.last_full[rc].tolist(), sig.position[rc].tolist()
+        prev, full, pos = sig.last_block[rc].tolist(), sig.last_full[rc].tolist(), sig.position[rc].tolist()
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
-            # NaN: no such round yet, or a plain step; no history at all: NaN (the first round's value)
+            # 0 after a plain step, NaN with no round yet: both read the value at the request's position
             s = [accepted_signal(n1, n2, b) for (n1, n2), b in zip(sig.last_accepted[rc].tolist(), prev)]
         else:  # minus the mean verifier entropy of the last two rounds (NaN, no history: the first round's value),
             e1, e2 = sig.entropy[rc].unbind(1)  # in float32 as calibrated: the bins' edges compare it so
@@ -346,7 +346,7 @@ class BlockPolicy:
         key = tuple(sizes)
         # [R][K] V_B: requests in one state, signal bin and position bin share one (memoised) tuple, so what is
         # worked out from a row is worked out once per distinct row (keyed by id: every row lives through the plan)
-        table = [self.values.row(key, si, p, f, a) for si, p, f, a in zip(s, prev, full, at)]
+        table = [self.values.row(key, si, p, f, n) for si, p, f, n in zip(s, prev, full, pos)]
         value, means = table, self._means
         if self.learns_values:  # V'_B = 1 + a (V_B - 1) within [1, B]: one ratio a for every B > 1 (B = 1 reads 1)
             a = self.prices.values.scale()
@@ -453,12 +453,14 @@ def _rounds_to_make(tokens: float, value: float, spread: float) -> float:
     """Rounds the slowest request needs for `tokens` at `value` a round, when n rounds make n value - spread sqrt(n)
     (`spread` = z sigma_B: progress strays sigma_B a round, independently, and the slowest of the batch's requests
     falls z of its spreads below the mean): the root of n v - spread sqrt(n) = tokens, at least one round. With
-    spread 0 (a plain step makes its token for sure; a table without a measured spread): tokens / value."""
+    spread 0 (a plain step makes its token for sure; a table without a measured spread): tokens / value. sigma_B is
+    the table's error over all its states, and rounds of one request are not independent (a hard stretch lasts):
+    the slowest request's shortfall is, if anything, larger than this."""
     value = max(value, 1.0)
     if spread <= 0.0:  # exactly tokens / value, so a tie between sizes stays one
         return max(1.0, tokens / value)
     root = (spread + math.sqrt(spread * spread + 4.0 * value * tokens)) / (2.0 * value)
-    return max(1.0, root * root)
+    return max(1.0, min(root * root, tokens))  # a round always makes a token: never more rounds than tokens
 
 
 def _within(x: float, block: int) -> float:
