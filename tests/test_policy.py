@@ -12,7 +12,7 @@ from recguide_hf.core.calibrate import Round, ValueTable, fit
 from recguide_hf.core.config import DecodingConfig
 from recguide_hf.core.costs import CostTable
 from recguide_hf.core.engine import Engine, SamplingSettings, verifier_entropy
-from recguide_hf.core.policy import BlockPolicy, RoundOutcome, Signals, _largest_of, _rounds_to_make, _to_the_limit
+from recguide_hf.core.policy import BlockPolicy, RoundOutcome, _largest_of, _rounds_to_make, _to_the_limit
 from recguide_hf.models.registry import as_backbone
 
 
@@ -726,82 +726,6 @@ def test_first_rounds_are_calibrated_apart():
     assert legacy.value(32, None, None, None) == pytest.approx(21.0)
     assert legacy.values_matrix([32], torch.tensor([float("nan")]), torch.tensor([0]),
                                 torch.tensor([False])).item() == pytest.approx(21.0)
-
-
-def _positional_rounds():
-    """Requests whose drafts are accepted more the further they are from their prompt: a round at position p accepts
-    2 drafts below 8 tokens, 10 from 8, and every round emits accepted + 1 tokens (positions 0, 3, 6, 9, 20, 31)."""
-    rounds = []
-    for req in range(30):
-        p = 0
-        for t in range(6):
-            n = 2 if p < 8 else 10
-            rounds.append(Round("a", req, t, 1.0, n, position=p, drafts=31))
-            p += n + 1
-    return rounds
-
-
-def test_a_state_without_a_reading_reads_its_position():
-    """Calibration keeps the mean progress of rounds by how far they began from the prompt (`by_position`, bin 0 the
-    first rounds). A state without a reading reads it: no round yet, and under the accepted signal a plain step
-    last (its cells are the block's mean). A block-round state reads its cells; the vectorised lookup and the
-    policy's per-request one agree; a table from before positions reads the mean after a plain step, as it did."""
-    table = fit(_positional_rounds(), block_sizes=(1, 8, 32), num_bins=2, signal="accepted")
-    edges = table["position_edges"]
-    assert edges == [1, 4, 8, 16, 32, 64]
-    # bins: 0 | 1-3 (p=3) | 4-7 (p=6) | 8-15 (p=9) | 16-31 (p=20, 31) | 32-63 (none: the bin before) | 64+ (same)
-    assert table["by_position"]["32"] == pytest.approx([3, 3, 3, 11, 11, 11, 11])
-    assert table["by_position"]["8"] == pytest.approx([3, 3, 3, 8, 8, 8, 8])
-    assert table["first"]["32"] == pytest.approx(3)
-    vt = ValueTable(table)
-    assert vt.value(32, 0.0, 1, True, position=3) == pytest.approx(3)  # after plain steps, near the prompt
-    assert vt.value(32, 0.0, 1, True, position=40) == pytest.approx(11)  # and far from it
-    assert vt.value(32, None, 0, False) == pytest.approx(3)  # no round yet
-    assert vt.mean[32] == pytest.approx((2 * 3 + 3 * 11) / 5)  # rounds with history: what a plain step read before
-    legacy = ValueTable({k: v for k, v in table.items() if k not in ("by_position", "position_edges")})
-    assert legacy.value(32, 0.0, 1, True, position=3) == pytest.approx(legacy.mean[32])
-    s = torch.tensor([0.0, 0.0, float("nan"), 2.0, 10.0])
-    prev, full = torch.tensor([1, 1, 0, 32, 8]), torch.tensor([True, True, False, False, True])
-    position = torch.tensor([3, 40, 0, 5, 30])
-    matrix = vt.values_matrix([8, 1, 32], s, prev, full, position)
-    assert matrix[:, 2].tolist() == pytest.approx([3, 11, 3, vt.value(32, 2.0, 32, False), vt.value(32, 10.0, 8, True)])
-    rows = [vt.row((8, 1, 32), si, pi, fi, ai) for si, pi, fi, ai in
-            zip(s.tolist(), prev.tolist(), full.tolist(), position.tolist())]
-    assert [list(r) for r in rows] == matrix.double().tolist()
-    no_blocks = ValueTable(table | {"by_position": {}})  # no block has positions: a plain step last reads the
-    assert no_blocks.value(32, 0.0, 0, False) == pytest.approx(3)  # cells (the mean), no round yet the first round's
-    assert no_blocks.value(32, 0.0, 1, True, position=40) == pytest.approx(no_blocks.mean[32])
-    some = ValueTable(table | {"by_position": {"8": table["by_position"]["8"]}})  # B = 32 without: first, then mean
-    assert some.value(32, 0.0, 1, True, position=2) == pytest.approx(some.mean[32])
-    assert some.value(32, None, 0, False) == pytest.approx(3) and some.value(8, 0.0, 1, True, position=9) == 8
-
-
-def test_values_by_position_come_from_blocks_drafted_after_plain_steps():
-    """`recguide calibrate` also drafts one block after p plain steps, at set positions: a request that took plain
-    steps reaches every position, where one drafting all along reaches a position only after the rounds that ended
-    there. Given those rounds, the values by position are theirs (each dataset weighing 1 in all); a block the
-    limit cut counts for the smaller sizes only; the rest of the table still comes from the calibration run."""
-    rounds = _positional_rounds()
-    fresh = [Round("a", req, 0, float("nan"), n, position=p, drafts=31)
-             for req in range(4) for p, n in ((0, 1), (2, 5), (6, 5), (12, 9), (24, 9), (48, 19), (96, 19))]
-    fresh += [Round("b", 0, 0, float("nan"), 3, position=12, drafts=7)]  # cut at 7 drafts: it counts for B = 8
-    table = fit(rounds, block_sizes=(1, 8, 32), num_bins=2, signal="accepted", fresh=fresh)
-    assert table["by_position"]["32"] == pytest.approx([2, 6, 6, 10, 10, 20, 20])
-    b_8 = (4 / 28 * 8 + 1 * 4) / (4 / 28 + 1)  # "b"'s one round weighs as all 28 of "a", 4 of which are here
-    assert table["by_position"]["8"] == pytest.approx([2, 6, 6, b_8, 8, 8, 8])
-    assert table["mean"] == fit(rounds, block_sizes=(1, 8, 32), num_bins=2, signal="accepted")["mean"]
-
-
-def test_signals_count_each_slots_tokens_since_its_prompt():
-    """The policy's position: a round emits its accepted drafts and one token more (a plain step one); a slot that
-    takes a new request starts again from 0."""
-    signals = Signals(3)
-    rows = torch.tensor([0, 2])
-    signals.record(RoundOutcome(rows, 8, torch.tensor([7, 2]), torch.tensor([7, 7])))
-    signals.record(RoundOutcome(torch.tensor([2]), 1, torch.tensor([0]), torch.tensor([0])))
-    assert signals.position.tolist() == [8, 0, 4]
-    signals.reset_rows(torch.tensor([0]))
-    assert signals.position.tolist() == [0, 0, 4]
 
 
 def test_a_static_batch_waits_on_its_unluckiest_request():

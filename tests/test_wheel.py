@@ -83,6 +83,4 @@ def test_the_installed_wheel_runs_from_another_folder(wheel, tmp_path):
     calibrate = run_script(recguide, "calibrate", "--num-prompts", "4", "--block-sizes", "1", "4",
                            "--max-new-tokens", "24", "--signal", "accepted", "--out", str(tmp_path / "values.json"))
     assert calibrate.returncode == 0, calibrate.stderr[-2000:]
-    values = json.loads((tmp_path / "values.json").read_text())
-    assert "4" in values["values"]
-    assert len(values["by_position"]["4"]) == len(values["position_edges"]) + 1  # the rounds' positions were logged
+    assert "4" in json.loads((tmp_path / "values.json").read_text())["values"]

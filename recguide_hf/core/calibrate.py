@@ -13,10 +13,6 @@ the verifier's next token, while a block round's `e_t` averages the places up to
 accepted ones mostly sure). So for B' = 1 the certainty is made from `f_t`, the entropy at the block's first
 place, which the same calibration round logs: what a plain step at that point would have read.
 
-A round's position (tokens since the prompt) is logged too. The mean progress by position (`by_position`), of
-blocks drafted after plain steps only, is what a state without a reading reads (`_by_position`): a request's
-first round, and its rounds after plain steps under the accepted signal.
-
 The signal can instead be recent verification outcomes (`signal="accepted"`, `recguide calibrate --signal
 accepted`): s_t = the mean drafts accepted in the last two rounds, each as a round at the state's block B' would
 have seen it, min(n, B' - 1), and 0 after a plain step. `eval/signal_check.py` measures which of the two predicts
@@ -54,12 +50,6 @@ class Round:
     entropy: float  # e_t: mean verifier entropy over causally valid positions
     accepted: int  # n_t at the calibration block
     first_entropy: float | None = None  # f_t: verifier entropy at the block's first place (a plain step's reading)
-    position: int | None = None  # tokens the request had emitted before this round (None: not logged)
-    drafts: int | None = None  # drafts the round verified: fewer than the block's where the request's limit cut it
-
-
-POSITION_EDGES = (1, 4, 8, 16, 32, 64)  # bins of a round's position (tokens since the prompt) for `by_position`
-POSITION_TARGETS = (0, 2, 6, 12, 24, 48, 96)  # where `recguide calibrate` drafts a fresh block: one per bin
 
 
 SIGNALS = ("entropy", "accepted")  # what the per-request signal s_t is made of (module docstring)
@@ -104,10 +94,8 @@ def _samples(rounds: list[Round], block_sizes, weights_by_dataset, signal: str =
 
 
 def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: int = 5, seed: int = 0,
-        signal: str = "entropy", fresh: list[Round] | None = None) -> dict:
-    """Fit V on all rounds and report out-of-fold prediction quality; `signal` (SIGNALS) is what s_t is. `fresh`:
-    block rounds drafted after plain steps only, at set positions (`_by_position`); None: the values by position
-    come from `rounds`."""
+        signal: str = "entropy") -> dict:
+    """Fit V on all rounds and report out-of-fold prediction quality; `signal` (SIGNALS) is what s_t is."""
     if signal not in SIGNALS:
         raise ValueError(f"signal {signal!r}: expected one of {SIGNALS}")
     counts: dict[str, int] = {}
@@ -123,18 +111,9 @@ def fit(rounds: list[Round], block_sizes=(8, 16, 32), num_bins: int = 8, folds: 
     report = _out_of_fold(samples, block_sizes, edges, folds, seed)
     return {"block_sizes": list(block_sizes), "signal": signal, "s_edges": edges, "values": table["values"],
             "mean": table["mean"], "state_mean": table["state_mean"], "shrink_state": report.pop("shrink_state"),
-            "shrink_signal": report.pop("shrink_signal"), "report": report,
-            "first": _first_rounds(rounds, block_sizes, weights),
-            **_by_position(fresh or rounds, block_sizes, _weights(fresh) if fresh else weights),
+            "shrink_signal": report.pop("shrink_signal"), "report": report, "first": _first_rounds(rounds, block_sizes,
+                                                                                                   weights),
             "datasets": {d: n for d, n in counts.items()}}
-
-
-def _weights(rounds: list[Round]) -> dict[str, float]:
-    """Each dataset's rounds weigh 1 in all."""
-    counts: dict[str, int] = {}
-    for r in rounds:
-        counts[r.dataset] = counts.get(r.dataset, 0) + 1
-    return {d: 1.0 / n for d, n in counts.items()}
 
 
 def _first_rounds(rounds: list[Round], block_sizes, weights_by_dataset) -> dict[str, float]:
@@ -145,43 +124,6 @@ def _first_rounds(rounds: list[Round], block_sizes, weights_by_dataset) -> dict[
     wsum = sum(weights_by_dataset[r.dataset] for r in first)
     return {str(b): sum(weights_by_dataset[r.dataset] * (min(r.accepted, b - 1) + 1) for r in first) / wsum
             for b in block_sizes} if wsum > 0 else {}
-
-
-def _by_position(rounds: list[Round], block_sizes, weights_by_dataset) -> dict:
-    """V_B of a round the state says nothing about, by how far the request is from its prompt: the mean progress of
-    the rounds that began `position` tokens after it, in bins (`POSITION_EDGES`; bin 0: the first rounds). A
-    request that has drafted nothing yet, or only plain steps lately (a plain step accepts no drafts: under the
-    accepted signal its state carries no reading), reads these rather than the block's mean: drafts near a prompt
-    are accepted far less (the bundled model, B = 8: 3.0 tokens a round at the prompt, 3.7 from 1 token, 4.8 from
-    8, 6.1 from 32), so a request's first plain steps do not bring it to the mean. A round its request's limit cut
-    (fewer drafts than B - 1) does not count for B; an empty bin reads the bin before it. Empty when the rounds
-    carry no positions (calibrations from before they were logged).
-
-    `recguide calibrate` gives it rounds of their own (`fit(fresh=...)`): a block drafted after p plain steps only,
-    at one target p per bin, as a request that took plain steps meets it. The calibration run's own rounds read
-    low there: a request drafting all along begins a round at p only after rounds that ended there, so round
-    starts fall more often in hard stretches (where rounds are short), and 1 to 3 tokens from the prompt only
-    after a first round that accepted 0 to 2 drafts. On the bundled model, B = 8, they read 3.0, 3.5, 4.3, 4.5,
-    5.3 and 5.4 where fresh blocks made 3.7, 3.9, 4.8, 5.0, 6.1 and 6.2 (bins 1 to 6)."""
-    if any(r.position is None for r in rounds):
-        return {}
-    values = {}
-    for b in block_sizes:
-        num, den = [0.0] * (len(POSITION_EDGES) + 1), [0.0] * (len(POSITION_EDGES) + 1)
-        for r in rounds:
-            if r.drafts is not None and r.drafts < b - 1:
-                continue
-            k = bisect.bisect_right(POSITION_EDGES, r.position)
-            num[k] += weights_by_dataset[r.dataset] * (min(r.accepted, b - 1) + 1)
-            den[k] += weights_by_dataset[r.dataset]
-        if not any(den):
-            continue  # no round reached B: its positions read the block's mean
-        per_bin = [n / d if d > 0 else None for n, d in zip(num, den)]
-        first_known = next(v for v in per_bin if v is not None)
-        for k, v in enumerate(per_bin):  # an empty bin reads the one before it (the first known, at the start)
-            per_bin[k] = v if v is not None else (per_bin[k - 1] if k else first_known)
-        values[str(b)] = per_bin
-    return {"position_edges": list(POSITION_EDGES), "by_position": values}
 
 
 def _bin(s: float, edges) -> int:
@@ -256,12 +198,7 @@ class ValueTable:
     """Lookup of V_B(s, z) as the policy reads it: `mean + lambda_z (Z(z) - mean) + lambda_s (V(s, z) - Z(z))`
     (module docstring). Tables from before the two-part shrink carry one `shrink` lambda for both parts and no
     state means (read `mean + lambda (V - mean)`, as they were); a table without any reads its bins raw.
-    `V_1 = 1` exactly (a plain decoding step), whether or not it was calibrated.
-
-    A state without a reading reads the value of its position (tokens since the prompt, `_by_position`): no round
-    yet, or, under the accepted signal, a plain step last (its cells are the block's mean: every calibration round
-    counted there). Tables from before positions were calibrated read the first round's mean (no round yet) and
-    the state's cells as they did."""
+    `V_1 = 1` exactly (a plain decoding step), whether or not it was calibrated."""
 
     def __init__(self, data: dict):
         self.data = data
@@ -275,11 +212,6 @@ class ValueTable:
         self.state_mean = {int(b): v for b, v in data.get("state_mean", {}).items()}
         # sigma_B: how far a round's progress strays from what the table predicts (out of fold; 0 where unmeasured)
         self.spread = {int(b): float(v) for b, v in data.get("report", {}).get("rmse", {}).items()}
-        self.position_edges = [int(e) for e in data.get("position_edges", [])]
-        self.by_position = {int(b): [float(x) for x in v] for b, v in data.get("by_position", {}).items()}
-        # which previous blocks leave a state without a reading: none yet (0), and a plain step under the accepted
-        # signal (calibrated, its cells carry no reading); only tables that calibrated positions read them there
-        self._blind = {0} | ({1} if self.by_position and self.signal == "accepted" else set())
         if "shrink_state" in data:
             self.shrink_state = {int(b): float(v) for b, v in data["shrink_state"].items()}
             self.shrink_signal = {int(b): float(v) for b, v in data["shrink_signal"].items()}
@@ -299,7 +231,6 @@ class ValueTable:
                       for b in self.block_sizes}
         self._edges = torch.tensor(self.edges, dtype=torch.float32)
         self._stacked: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._position_edges = torch.tensor(self.position_edges, dtype=torch.long)
         # `row`'s plain-float reading: the lookup table, the bin edges as the tensor path compares them, its memo
         self._prev_list = self._prev_lut.tolist()
         self._edges_list = self._edges.double().tolist()
@@ -317,77 +248,56 @@ class ValueTable:
         z = self.state_mean.get(block, {}).get(state, m)
         return m + self.shrink_state.get(block, 1.0) * (z - m) + self.shrink_signal.get(block, 1.0) * (v - z)
 
-    def values_for(self, block: int, s: torch.Tensor, prev_block: torch.Tensor, full: torch.Tensor,
-                   position: torch.Tensor | None = None) -> torch.Tensor:
-        """`value` for many rows at once: s [R] float, prev_block [R] long, full [R] bool, position [R] long (tokens
-        since the prompt; None: 0) -> [R] float. A previous block the table does not know (or s NaN) gives the
-        block's mean; a state without a reading (class docstring), its position's value."""
-        return self.values_matrix([block], s, prev_block, full, position)[:, 0]
+    def values_for(self, block: int, s: torch.Tensor, prev_block: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """`value` for many rows at once: s [R] float, prev_block [R] long, full [R] bool -> [R] float.
+        A previous block the table does not know (or s NaN) gives the block's mean; no round yet (prev_block 0),
+        the first round's."""
+        return self.values_matrix([block], s, prev_block, full)[:, 0]
 
     def values_matrix(self, blocks: list[int], s: torch.Tensor, prev_block: torch.Tensor,
-                      full: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
+                      full: torch.Tensor) -> torch.Tensor:
         """`values_for` of several blocks in one lookup: -> [R, K] float (`row` reads it one request at a time)."""
-        grid, means, by_position = self._stack(tuple(blocks))
+        grid, means, firsts = self._stack(tuple(blocks))
         prev_idx = self._prev_lut[prev_block.clamp(0, 64)]
-        blind = torch.zeros_like(prev_block, dtype=torch.bool)
-        for b in self._blind:
-            blind |= prev_block == b
-        known = (prev_idx >= 0) & (~s.isnan() | (not self.reads_signal)) & ~blind  # s unread: bins read alike
+        known = (prev_idx >= 0) & (~s.isnan() | (not self.reads_signal))  # s unread: every bin reads alike
+        known = known[:, None]
         bins = torch.bucketize(s.nan_to_num(0.0), self._edges, right=True)  # = np.searchsorted(side="right")
         v = grid[:, prev_idx.clamp(min=0), full.long(), bins].T  # [R, K]
-        position = torch.zeros_like(prev_block) if position is None else position
-        at = torch.bucketize(position, self._position_edges, right=True)
-        fallback = torch.where(blind[:, None], by_position[:, at].T, means[None, :])
-        return torch.where(known[:, None], v, fallback)
+        fallback = torch.where((prev_block == 0)[:, None], firsts[None, :], means[None, :])  # no round yet: first
+        return torch.where(known, v, fallback)
 
     def _stack(self, blocks: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[K, P, 2, S] grids (V_1 = 1 everywhere), [K] means and [K, positions] values by position of `blocks`,
-        built once (a table without positions: one bin, the first round's mean)."""
+        """[K, P, 2, S] grids (V_1 = 1 everywhere), [K] means and [K] first rounds' means of `blocks`, built once."""
         if blocks not in self._stacked:
             shape = (len(self.block_sizes), 2, len(self.edges) + 1)
             grids = [torch.ones(shape) if b == 1 else self._grid[b] for b in blocks]
             self._stacked[blocks] = (torch.stack(grids), torch.tensor([self.mean[b] for b in blocks]),
-                                     torch.tensor([self._positions(b) for b in blocks]))
+                                     torch.tensor([self.first[b] for b in blocks]))
         return self._stacked[blocks]
 
-    def _positions(self, block: int) -> list[float]:
-        """V_B per position bin for a state without a reading: as calibrated; for a block without them, the first
-        round's mean in bin 0 and the block's mean past it (a table without positions has bin 0 alone)."""
-        if block == 1:
-            return [1.0] * (len(self.position_edges) + 1)
-        if block in self.by_position:
-            return self.by_position[block]
-        return [self.first.get(block, 0.0)] + [self.mean.get(block, 0.0)] * len(self.position_edges)
-
-    def row(self, blocks: tuple[int, ...], s: float, prev_block: int, full: bool,
-            position: int = 0) -> tuple[float, ...]:
+    def row(self, blocks: tuple[int, ...], s: float, prev_block: int, full: bool) -> tuple[float, ...]:
         """`values_matrix` for one request as plain floats (the policy's per-round lookup, a few dict reads rather
         than a dozen tensor ops): the same numbers, memoised per state and signal bin."""
         prev_idx = self._prev_list[min(max(prev_block, 0), 64)]
-        if prev_block in self._blind:  # no reading: its position's values
-            key = (blocks, "position", bisect.bisect_right(self.position_edges, position))
-        elif prev_idx >= 0 and (s == s or not self.reads_signal):  # s == s: not NaN
+        if prev_idx >= 0 and (s == s or not self.reads_signal):  # s == s: not NaN
             key = (blocks, prev_idx, full, bisect.bisect_right(self._edges_list, s if s == s else 0.0))
-        else:  # a state the table lacks: the means
-            key = (blocks,)
+        else:  # no round yet (the first round's values) or a state the table lacks (the means)
+            key = (blocks, prev_block == 0)
         got = self._rows.get(key)
         if got is None:
-            grid, means, by_position = self._stack(blocks)
+            grid, means, firsts = self._stack(blocks)
             if len(key) == 4:
                 got = tuple(grid[:, prev_idx, int(full), key[3]].double().tolist())
-            elif len(key) == 3:
-                got = tuple(by_position[:, key[2]].double().tolist())
             else:
-                got = tuple(means.double().tolist())
+                got = tuple((firsts if key[1] else means).double().tolist())
             self._rows[key] = got
         return got
 
-    def value(self, block: int, s: float | None, prev_block: int | None, full: bool | None,
-              position: int = 0) -> float:
+    def value(self, block: int, s: float | None, prev_block: int | None, full: bool | None) -> float:
         if block == 1:
             return 1.0
-        if prev_block in (None, *self._blind):  # no reading: the position's (the first round's, at 0)
-            return self._positions(block)[bisect.bisect_right(self.position_edges, position)]
+        if prev_block in (None, 0):  # the request's first round
+            return self.first.get(block, 0.0)
         if str(block) not in self.values or (s is None and self.reads_signal):
             return self.mean.get(block, 0.0)
         s = 0.0 if s is None else s  # a table that does not read the signal: every bin reads alike

@@ -77,9 +77,8 @@ slots and `serve`'s closed loop keep it too (a freed slot takes the next request
 to a number (a weight on time is a rate's rule). Rows a branch pinned keep their drafted block.
 
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
-`argmax_B V_B / T_C(B)`. A request whose state has no reading (no round yet, or, under the accepted signal, a plain
-step last) reads `V_B` by its position, the tokens it has emitted since its prompt (calibrated apart: near a
-prompt far fewer drafts are accepted than later; `Signals.position` counts them as calibration does). B = 1 is the
+`argmax_B V_B / T_C(B)`. A request's first round (no history) reads `V_B` of first rounds,
+calibrated apart: right after a prompt far fewer drafts are accepted than later. B = 1 is the
 fallback that keeps decoding from being slower than plain steps: whenever drafts are not worth their
 forward at this load the round is a plain step, and the round after may speculate again. No threshold on
 concurrency appears anywhere: load enters only through the measured `T`.
@@ -135,7 +134,6 @@ class Signals:
         self.last_block = torch.zeros(num_rows, dtype=torch.long)  # 0: no round yet
         self.last_full = torch.zeros(num_rows, dtype=torch.bool)
         self.expected = torch.full((num_rows,), float("nan"))  # drafts the value table predicted accepted
-        self.position = torch.zeros(num_rows, dtype=torch.long)  # tokens emitted since the prompt
 
     def reset_rows(self, rows: torch.Tensor):
         rows = rows.cpu()
@@ -143,7 +141,6 @@ class Signals:
             t[rows] = float("nan")
         self.last_block[rows] = 0
         self.last_full[rows] = False
-        self.position[rows] = 0
 
     def record(self, out: RoundOutcome):
         rows, accepted = out.rows.cpu(), out.accepted.cpu()
@@ -155,7 +152,6 @@ class Signals:
             self.entropy[rows, 0] = out.entropy.float().cpu()
         self.last_block[rows] = out.block
         self.last_full[rows] = accepted >= out.drafts.cpu()
-        self.position[rows] += accepted.long() + 1  # as calibration counts them (a stop token cuts no count)
 
 
 class OnlinePrices:
@@ -334,9 +330,9 @@ class BlockPolicy:
         rc = rows.cpu()
         c = rc.numel()
         sig = self.signals
-        prev, full, pos = sig.last_block[rc].tolist(), sig.last_full[rc].tolist(), sig.position[rc].tolist()
+        prev, full = sig.last_block[rc].tolist(), sig.last_full[rc].tolist()
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
-            # 0 after a plain step, NaN with no round yet: both read the value at the request's position
+            # NaN: no such round yet, or a plain step; no history at all: NaN (the first round's value)
             s = [accepted_signal(n1, n2, b) for (n1, n2), b in zip(sig.last_accepted[rc].tolist(), prev)]
         else:  # minus the mean verifier entropy of the last two rounds (NaN, no history: the first round's value),
             e1, e2 = sig.entropy[rc].unbind(1)  # in float32 as calibrated: the bins' edges compare it so
@@ -344,9 +340,9 @@ class BlockPolicy:
         sizes = self.candidates
         k_all = range(len(sizes))
         key = tuple(sizes)
-        # [R][K] V_B: requests in one state, signal bin and position bin share one (memoised) tuple, so what is
+        # [R][K] V_B: requests in one state and signal bin share one (memoised) tuple, so what is
         # worked out from a row is worked out once per distinct row (keyed by id: every row lives through the plan)
-        table = [self.values.row(key, si, p, f, n) for si, p, f, n in zip(s, prev, full, pos)]
+        table = [self.values.row(key, si, p, f) for si, p, f in zip(s, prev, full)]
         value, means = table, self._means
         if self.learns_values:  # V'_B = 1 + a (V_B - 1) within [1, B]: one ratio a for every B > 1 (B = 1 reads 1)
             a = self.prices.values.scale()

@@ -209,52 +209,10 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def _fresh_rounds(model, tokenizer, sets: dict[str, list[str]], block: int, batch: int, targets) -> list:
-    """Block rounds drafted after plain steps only, for the values by position (calibrate._by_position): for every
-    prompt and target p, p plain steps, then a block of `block` drafted at position p, as a request that took plain
-    steps so far drafts there (where a request would reach p through its own block rounds, p is reached only after
-    rounds that ended there: the hard stretches and poor starts)."""
-    import torch
-    from tqdm import tqdm
-
-    from ..core.calibrate import Round
-    from ..core.config import DecodingConfig
-    from ..core.engine import Engine, SamplingSettings
-    from ..core.policy import BlockPolicy
-    from ..models.registry import as_backbone
-
-    class PlainThenBlock(BlockPolicy):
-        def __init__(self, config, target: int):
-            super().__init__(config)
-            self.target = target
-
-        def plan(self, rows, pending_has, remaining=None):
-            before = self.signals.position[rows.cpu()] < self.target
-            return torch.where(before, 1, block).to(device=rows.device, dtype=rows.dtype)
-
-    eos = model.generation_config.eos_token_id
-    config = DecodingConfig(mode="linear", block_size=block)
-    out = []
-    for name, prompts in sets.items():
-        for target in tqdm(targets, desc=f"fresh blocks {name}"):
-            for i in range(0, len(prompts), batch):
-                enc = tokenizer(prompts[i:i + batch], return_tensors="pt", padding=True)
-                settings = SamplingSettings(max_new_tokens=target + block, eos_token_ids=[eos],
-                                            pad_token_id=tokenizer.pad_token_id)
-                engine = Engine(as_backbone(model), config, settings, policy=PlainThenBlock(config, target))
-                _, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
-                at: dict[int, int] = {}
-                for row, b, accepted, drafts, _, _ in stats.round_log:
-                    if b > 1 and at.get(row, 0) == target:  # the request's first block: at the target
-                        out.append(Round(name, i + row, 0, float("nan"), accepted, None, target, drafts))
-                    at[row] = at.get(row, 0) + accepted + 1
-    return out
-
-
 def cmd_calibrate(args) -> int:
     from tqdm import tqdm
 
-    from ..core.calibrate import POSITION_TARGETS, Round, fit
+    from ..core.calibrate import Round, fit
     from ..core.config import DecodingConfig
     from ..core.engine import Engine, SamplingSettings
     from ..models.registry import as_backbone
@@ -272,16 +230,13 @@ def cmd_calibrate(args) -> int:
                             SamplingSettings(max_new_tokens=args.max_new_tokens, eos_token_ids=[eos],
                                              pad_token_id=tokenizer.pad_token_id))
             _, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
-            t, at = {}, {}
-            for row, _, accepted, drafts, entropy, first in stats.round_log:
+            t = {}
+            for row, _, accepted, _, entropy, first in stats.round_log:
                 t[row] = t.get(row, -1) + 1
-                rounds.append(Round(name, i + row, t[row], entropy, accepted, first, at.get(row, 0), drafts))
-                at[row] = at.get(row, 0) + accepted + 1  # tokens since the prompt, as the policy counts them
-    targets = list(args.position_targets or POSITION_TARGETS)
-    fresh = _fresh_rounds(model, tokenizer, sets, block, args.batch, targets)
-    table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins, signal=args.signal, fresh=fresh)
+                rounds.append(Round(name, i + row, t[row], entropy, accepted, first))
+    table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins, signal=args.signal)
     table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts, "skip": args.skip,
-                            "max_new_tokens": args.max_new_tokens, "position_targets": targets}
+                            "max_new_tokens": args.max_new_tokens}
     out.write_text(json.dumps(table, indent=1) + "\n")
     rep = table["report"]
     print("held-out (out-of-fold) prediction of progress per round:")
@@ -513,9 +468,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-new-tokens", type=int, default=128)
     c.add_argument("--batch", type=int, default=16)
     c.add_argument("--bins", type=int, default=6)
-    c.add_argument("--position-targets", type=int, nargs="+", default=None,
-                   help="positions (tokens since the prompt) where a block is drafted after plain steps only, for the "
-                        "values of a request that took plain steps; default calibrate.POSITION_TARGETS, one per bin")
     c.add_argument("--signal", choices=["entropy", "accepted"], default="entropy",
                    help="what the per-request state s_t bins: minus the verifier entropy of the last two rounds "
                         "(docs/algorithm.md §2.3), or the drafts they accepted (eval/signal_check.py measures which "
