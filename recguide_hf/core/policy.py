@@ -344,13 +344,9 @@ class BlockPolicy:
         # worked out from a row is worked out once per distinct row (keyed by id: every row lives through the plan)
         table = [self.values.row(key, si, p, f) for si, p, f in zip(s, prev, full)]
         value, means = table, self._means
+        a = self.prices.values.scale() if self.learns_values else 1.0  # the online ratio (1: the table as is)
         if self.learns_values:  # V'_B = 1 + a (V_B - 1) within [1, B]: one ratio a for every B > 1 (B = 1 reads 1)
-            a = self.prices.values.scale()
-            fixed: dict[int, list[float]] = {}
-            for row in table:
-                if id(row) not in fixed:
-                    fixed[id(row)] = [_within(1 + a * (v - 1), b) for v, b in zip(row, sizes)]
-            value = [fixed[id(row)] for row in table]
+            value = _per_distinct(table, lambda row: [_within(1 + a * (v - 1), b) for v, b in zip(row, sizes)])
             means = [_within(1 + a * (m - 1), b) for m, b in zip(means, sizes)]
         seconds = self._round_prices(c)  # once per round: the load's prices and every bucket's read them
         weight = self.config.rho  # None: tokens per second; a number: tokens less weight x C x seconds
@@ -368,11 +364,7 @@ class BlockPolicy:
                 [v - weight * t for v, t in zip(row, seconds)]
             return scores.index(max(scores))  # the first best, as argmax
 
-        rates: dict[int, int] = {}
-        for row in value:
-            if id(row) not in rates:
-                rates[id(row)] = rate(row)
-        own = [rates[id(row)] for row in value]
+        own = _per_distinct(value, rate)
         pinned = pending_has.cpu()[rc].tolist()  # a branch drafted these rows' next block, at their last size
         if any(pinned):  # the candidate index of each row's last block
             pinned_at = [bisect.bisect_left(sizes, min(b, self.max_block)) for b in prev]
@@ -381,7 +373,6 @@ class BlockPolicy:
             # one static batch: the plan that finishes its slowest request soonest (module docstring); rows a
             # branch pinned keep their drafted block
             z = _largest_of(c)  # how far the slowest of c requests' progress falls below its mean, in spreads
-            a = self.prices.values.scale() if self.learns_values else 1.0
             spread = [z * a * self.values.spread.get(b, 0.0) if b > 1 else 0.0 for b in sizes]
             most: dict[int, tuple] = {}  # per distinct row, the most tokens one of its requests may still emit
             for row, m in zip(unlimited, left):
@@ -438,6 +429,16 @@ class BlockPolicy:
         expected = sum(math.comb(num_rows, k) * (1 - h) ** k * h ** (num_rows - k) * self.costs.draft(k, block)
                        for k in range(1, num_rows + 1))
         return full - expected
+
+
+def _per_distinct(rows: list, f) -> list:
+    """[f(row) for row in rows], f called once per distinct row object (the plan's rows in one state and signal bin
+    share one memoised tuple; keyed by id, so every row must live through the call, as the plan's do)."""
+    done: dict[int, object] = {}
+    for row in rows:
+        if id(row) not in done:
+            done[id(row)] = f(row)
+    return [done[id(row)] for row in rows]
 
 
 def _largest_of(n: int) -> float:
