@@ -10,7 +10,9 @@ Held-out HumanEval prompts (calibration reads the code and prose sets; the bench
 prompts, this the next ones), `--prompts` of them (at least C) in static batches of C one after the other, greedy,
 one run per method interleaved, best of `--repeats`:
 * the speeds: recguide (default) against linear-1 (the engine's plain steps) and fixed LinearSS blocks, every
-  timed pass running the policy and the engine as shipped (nothing recorded per round);
+  timed pass running the policy and the engine as shipped (nothing recorded per round); per C, recguide / the
+  fastest other method by their best runs, and the same ratio within each repeat (`paired_ratios`, and their
+  median: the two ran within one pass of the methods, so drift over minutes mostly cancels);
 * then one untimed recorded pass per engine method (the engine's round log, a policy that keeps what it predicted):
 * H1 values: per block size, the value table's predicted progress for the rounds recguide ran against the
   progress they made (tokens per round per row), on these unseen prompts;
@@ -151,6 +153,7 @@ def main(argv=None):
                 greedy[q] = run_hf(plain, tokenizer, [q], 1, args.max_new_tokens)["records"][0]["new_ids"]
         reference = [greedy[q] for q in prompts]
         best: dict[str, dict] = {}
+        runs: dict[str, list[float]] = defaultdict(list)  # method -> tokens/s in each repeat, in repeat order
         for rep in range(args.repeats):
             order = args.methods[rep % len(args.methods):] + args.methods[:rep % len(args.methods)]
             for m in order:
@@ -159,6 +162,7 @@ def main(argv=None):
                 # HF's own batched generate may differ from its one-prompt runs where padding changes the
                 # float sums; the engine's output must equal them exactly
                 assert r["same"] or m == "hf-ar", f"C={c} {m}: output != HF greedy"
+                runs[m].append(r["tokens"] / r["seconds"])
                 if m not in best or r["seconds"] < best[m]["seconds"]:
                     best[m] = r
         row = {"C": c, "prompts": len(prompts), "tok_s": {m: r["tokens"] / r["seconds"] for m, r in best.items()},
@@ -167,6 +171,12 @@ def main(argv=None):
         fastest = max(others, key=others.get)
         row["fastest_other"] = fastest
         row["ratio_to_fastest"] = {m: v / others[fastest] for m, v in row["tok_s"].items() if m.startswith("recguide")}
+        # the same two within each repeat (at most one pass of the other methods apart, where the host drifts over
+        # minutes): the spread of these is the run's noise, their median an estimate one lucky run does not move
+        row["tok_s_runs"] = dict(runs)
+        row["paired_ratios"] = {m: [a / b for a, b in zip(runs[m], runs[fastest])]
+                                for m in row["tok_s"] if m.startswith("recguide")}
+        row["paired_ratio_median"] = {m: statistics.median(v) for m, v in row["paired_ratios"].items()}
         # the hypotheses' evidence from one untimed recorded pass per engine method (the timed ones record nothing)
         seen = {m: run_batches(model, tokenizer, prompts, c, args.max_new_tokens, m, plain, record=True)
                 for m in best if m != "hf-ar"}

@@ -90,7 +90,7 @@ def policy_table(res: Path) -> str:
     for row in rows:
         row["same"] = all(v for m, v in row["equal_hf_greedy"].items() if m != "hf-ar")
     context = {"run": run, "env": run["environment"], "rows": rows, "methods": list(rows[0]["tok_s"]),
-               "virtual": None, "closed": None}
+               "paired": all("paired_ratios" in row for row in rows), "virtual": None, "closed": None}
     virtual = res / "virtual_b200_policy" / "bench.json"
     if virtual.exists():
         v = json.loads(virtual.read_text())
