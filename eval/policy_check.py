@@ -18,7 +18,10 @@ one run per method interleaved, best of `--repeats`:
   progress they made (tokens per round per row), on these unseen prompts;
 * H2 prices: per block size, the table's round price (times the online correction the policy applied) against the
   measured seconds of the buckets that ran (the recorded pass's, which also pays the round log's entropy pass),
-  and what each fixed block's rounds measure against what the table says.
+  and what each fixed block's rounds measure against what the table says;
+* table-priced: each engine method's recorded rounds at the cost table's prices (tokens / the sum of T_n(B) over
+  its bucket rounds): the decisions' worth without the host's noise, at the prices the policy plans with (HF's
+  own generate has no such price and is left out).
 Every output is checked against HF greedy.
 """
 
@@ -51,6 +54,7 @@ class Recording(BlockPolicy):
         self.predicted: dict[int, list[float]] = defaultdict(list)  # block -> the value table's progress per row
         self.corrected: dict[int, list[float]] = defaultdict(list)  # block -> the same, corrected online
         self.priced: list[tuple[int, int, float, float]] = []  # (rows, block, table x factor, measured seconds)
+        self.table_seconds = 0.0  # every bucket round at the cost table's price alone (no online factor)
 
     def plan(self, rows, pending_has, remaining=None):
         planned = super().plan(rows, pending_has, remaining)
@@ -61,6 +65,8 @@ class Recording(BlockPolicy):
         return planned
 
     def observe(self, out):
+        if self.costs is not None:
+            self.table_seconds += self.costs.round_cost(out.rows.numel(), out.block)
         if self.costs is not None and out.seconds is not None:
             self.priced.append((out.rows.numel(), out.block,
                                 self.costs.round_cost(out.rows.numel(), out.block) * self.factor(out.block),
@@ -94,6 +100,7 @@ def run_batches(model, tokenizer, prompts, c, max_new, method, plain, record=Fal
             for b, v in getattr(r["policy"], name).items():
                 getattr(total["policy"], name)[b] += v
         total["policy"].priced += r["policy"].priced
+        total["policy"].table_seconds += r["policy"].table_seconds
     return total
 
 
@@ -199,6 +206,12 @@ def main(argv=None):
                 by_b[b][2] += 1
             row["H2_prices_recguide"] = {b: {"priced_s": v[0] / v[2], "measured_s": v[1] / v[2], "rounds": v[2]}
                                          for b, v in sorted(by_b.items())}
+        # the decisions without the host's noise: each engine method's rounds at the cost table's prices (what the
+        # policy plans with; H2 says how close they are to the measured), recguide against the fastest other there
+        table = {m: r["tokens"] / r["policy"].table_seconds for m, r in seen.items()}
+        fastest_t = max((m for m in table if not m.startswith("recguide")), key=table.get)
+        row["table_priced"] = {"tok_s": table, "fastest_other": fastest_t,
+                               "ratio": {m: v / table[fastest_t] for m, v in table.items() if m.startswith("recguide")}}
         for m, r in seen.items():
             if m.startswith("recguide") or m == "hf-ar":
                 continue

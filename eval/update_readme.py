@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +91,8 @@ def policy_table(res: Path) -> str:
     for row in rows:
         row["same"] = all(v for m, v in row["equal_hf_greedy"].items() if m != "hf-ar")
     context = {"run": run, "env": run["environment"], "rows": rows, "methods": list(rows[0]["tok_s"]),
-               "paired": all("paired_ratios" in row for row in rows), "virtual": None, "closed": None}
+               "paired": all("paired_ratios" in row for row in rows),
+               "priced": all("table_priced" in row for row in rows), "virtual": None, "closed": None}
     virtual = res / "virtual_b200_policy" / "bench.json"
     if virtual.exists():
         v = json.loads(virtual.read_text())
@@ -106,7 +108,8 @@ def policy_table(res: Path) -> str:
 
 def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
     """Per C of a bench run, ascending: its rows by method, the fastest other method, `ours` / it in aggregate
-    tokens/s (the run's median; `best_*`: the same by each method's best repeat), and whether every method's
+    tokens/s (the run's median; `best_*`: the same by each method's best repeat; `paired`: the median over repeats
+    of `ours` / the fastest other within one repeat, None without per-repeat figures), and whether every method's
     output equalled HF greedy there."""
     by_c: dict[int, dict[str, dict]] = {}
     for r in rows:
@@ -117,8 +120,10 @@ def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
         best = max(others, key=others.get)
         tops = {m: max(r.get("aggregate_tps_runs") or [r["aggregate_tps"]]) for m, r in rows_c.items()}
         best_top = max((m for m in tops if m != ours), key=tops.get)
+        runs = [rows_c[m].get("aggregate_tps_runs") for m in (ours, best)]
+        paired = statistics.median(a / b for a, b in zip(*runs)) if all(runs) else None
         out.append({"c": c, "rows": rows_c, "best": best, "ratio": rows_c[ours]["aggregate_tps"] / others[best],
-                    "best_top": best_top, "ratio_top": tops[ours] / tops[best_top],
+                    "paired": paired, "best_top": best_top, "ratio_top": tops[ours] / tops[best_top],
                     "same": all(r["equal_to_ar"] for r in rows_c.values())})
     return out
 
