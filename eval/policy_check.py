@@ -66,11 +66,10 @@ class Recording(BlockPolicy):
 
     def observe(self, out):
         if self.costs is not None:
-            self.table_seconds += self.costs.round_cost(out.rows.numel(), out.block)
-        if self.costs is not None and out.seconds is not None:
-            self.priced.append((out.rows.numel(), out.block,
-                                self.costs.round_cost(out.rows.numel(), out.block) * self.factor(out.block),
-                                out.seconds))
+            price = self.costs.round_cost(out.rows.numel(), out.block)
+            self.table_seconds += price
+            if out.seconds is not None:
+                self.priced.append((out.rows.numel(), out.block, price * self.factor(out.block), out.seconds))
         super().observe(out)
 
 

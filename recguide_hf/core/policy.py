@@ -332,7 +332,8 @@ class BlockPolicy:
         sig = self.signals
         prev, full = sig.last_block[rc].tolist(), sig.last_full[rc].tolist()
         if self.values.signal == "accepted":  # recent verification outcomes (calibrate.accepted_signal)
-            # NaN: no such round yet, or a plain step; no history at all: NaN (the first round's value)
+            # 0 after a plain step (the state's cells, which read the block's mean under this signal); NaN with
+            # no round yet (the first round's value)
             s = [accepted_signal(n1, n2, b) for (n1, n2), b in zip(sig.last_accepted[rc].tolist(), prev)]
         else:  # minus the mean verifier entropy of the last two rounds (NaN, no history: the first round's value),
             e1, e2 = sig.entropy[rc].unbind(1)  # in float32 as calibrated: the bins' edges compare it so
