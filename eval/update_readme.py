@@ -103,6 +103,7 @@ def policy_table(res: Path) -> str:
     if context["closed"]:
         context["closed_rows"] = against_best_other(context["closed"]["rows"])
         context["closed_methods"] = list(context["closed_rows"][0]["rows"])
+        context["closed_priced"] = any(r["priced"] is not None for r in context["closed_rows"])
     return render("policy.md", **context)
 
 
@@ -110,7 +111,10 @@ def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
     """Per C of a bench run, ascending: its rows by method, the fastest other method, `ours` / it in aggregate
     tokens/s (the run's median; `best_*`: the same by each method's best repeat; `paired`: the median over repeats
     of `ours` / the fastest other within one repeat, None without per-repeat figures), and whether every method's
-    output equalled HF greedy there."""
+    output equalled HF greedy there; `priced`: `ours` / the fastest other engine method `best_priced` at the cost
+    table's prices (bench.summarize), None where the run has none."""
+    from recguide_hf.tools.bench import table_priced_best
+
     by_c: dict[int, dict[str, dict]] = {}
     for r in rows:
         by_c.setdefault(r["concurrency"], {})[r["method"]] = r
@@ -122,8 +126,12 @@ def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
         best_top = max((m for m in tops if m != ours), key=tops.get)
         runs = [rows_c[m].get("aggregate_tps_runs") for m in (ours, best)]
         paired = statistics.median(a / b for a, b in zip(*runs)) if all(runs) else None
+        best_t = table_priced_best(list(rows_c.values()), ours)
+        priced = (rows_c[ours]["table_priced_tps"] / best_t["table_priced_tps"]
+                  if best_t is not None and "table_priced_tps" in rows_c[ours] else None)
         out.append({"c": c, "rows": rows_c, "best": best, "ratio": rows_c[ours]["aggregate_tps"] / others[best],
                     "paired": paired, "best_top": best_top, "ratio_top": tops[ours] / tops[best_top],
+                    "best_priced": best_t["method"] if best_t is not None else None, "priced": priced,
                     "same": all(r["equal_to_ar"] for r in rows_c.values())})
     return out
 

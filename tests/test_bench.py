@@ -180,6 +180,42 @@ def test_virtual_costs_curve_and_clock(tmp_path):
     assert all(0 < r["latency"] <= run["wall"] for r in run["records"])
 
 
+def test_engine_runs_are_priced_by_the_cost_table():
+    """`summarize` prices an engine run's decode rounds by a cost table: every bucket round the engine ran, at
+    `round_cost` for its rows and block; the bench's table picks the fastest other engine method at those prices."""
+    from conftest import random_prompts, tiny_model
+
+    from recguide_hf.core.costs import CostTable
+    from recguide_hf.tools.bench import fastest_other_table, run_engine, summarize
+
+    def cell(ms):
+        return {"draft": ms / 2000, "verify": [ms / 2000] * 4, "host": 0.0}
+
+    costs = CostTable({"costs": {"1": {"1": cell(2), "4": cell(5)}, "4": {"1": cell(4), "4": cell(11)}}})
+    model = tiny_model(seed=2)
+    prompts = [" ".join(map(str, p)) for p in random_prompts(5, 96, min_len=3, max_len=9, seed=1)]
+    for method in ("linear-1", "linear-4"):
+        run = run_engine(model, _Tokens(), prompts, 2, 8, method)
+        rounds = run["bucket_rounds"]
+        block = int(method.split("-")[1])
+        assert {b for _, b in rounds} == {block} and {n for n, _ in rounds} <= {1, 2}
+        # every request's rounds are in exactly one bucket round each
+        assert sum(n * k for (n, _), k in rounds.items()) == sum(r["rounds"] for r in run["records"])
+        out = summarize(run, None, costs)
+        seconds = sum(k * costs.round_cost(n, b) for (n, b), k in rounds.items())
+        assert out["table_priced_tps"] == pytest.approx(out["new_tokens"] / seconds)
+        assert "table_priced_tps" not in summarize(run, None)  # no table, no price
+
+    def row(m, tps, priced=None):
+        r = {"method": m, "concurrency": 2, "aggregate_tps": tps, "equal_to_ar": True}
+        return r | ({"table_priced_tps": priced} if priced is not None else {})
+
+    # wall: ar is the fastest other; at table prices (engine methods only) linear-8 is
+    table, _ = fastest_other_table({"rows": [row("ar", 130), row("linear-1", 100, 300), row("linear-8", 120, 400),
+                                             row("recguide", 110, 392)]})
+    assert "| 2 | ar | 130.0 | 110.0 | x0.85 | - | linear-8 | x0.980 | yes |" in table
+
+
 class _Tokens:
     """Text "5 17 23" <-> ids, left padding (what run_hf and run_engine need of a tokenizer)."""
 

@@ -64,3 +64,8 @@ class CostTable:
         """LinearSS round: one draft + one verify forward + the engine's work around them."""
         return self.draft(c, b) + self.verify(c, b) + self.host(c, b)
 
+    def price(self, bucket_rounds: dict[tuple[int, int], int]) -> float:
+        """Seconds the table gives a run's decode rounds: {(rows, block): how many bucket rounds} (the engine's
+        `Stats.bucket_rounds`), each at `round_cost`. Prefills are not in it."""
+        return sum(n * self.round_cost(rows, block) for (rows, block), n in bucket_rounds.items())
+

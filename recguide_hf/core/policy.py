@@ -98,6 +98,7 @@ import bisect
 import math
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
 
 import torch
@@ -240,22 +241,8 @@ class BlockPolicy:
 
     @classmethod
     def from_config(cls, config: DecodingConfig, base_dir=None, prices: OnlinePrices | None = None) -> BlockPolicy:
-        from pathlib import Path
-
-        def resolve(path):
-            if path is None:
-                return None
-            p = Path(path)
-            if not p.is_absolute() and base_dir is not None and (Path(base_dir) / p).exists():
-                p = Path(base_dir) / p
-            return p
-
-        table = resolve(config.cost_table) if config.cost_table else None
-        if table is not None and config.compile and compiled_table(table).exists():
-            table = compiled_table(table)  # compiled forwards cost differently in kind (profile.py)
-        costs = CostTable.load(table) if table is not None else None
-        values = ValueTable.load(resolve(config.value_table)) if config.value_table else None
-        return cls(config, costs, values, prices)
+        values = ValueTable.load(_resolve(config.value_table, base_dir)) if config.value_table else None
+        return cls(config, cost_table_of(config, base_dir), values, prices)
 
     # ------------------------------------------------------------------ what rounds did
     def start(self, num_rows: int):
@@ -430,6 +417,24 @@ class BlockPolicy:
         expected = sum(math.comb(num_rows, k) * (1 - h) ** k * h ** (num_rows - k) * self.costs.draft(k, block)
                        for k in range(1, num_rows + 1))
         return full - expected
+
+
+def cost_table_of(config: DecodingConfig, base_dir=None) -> CostTable | None:
+    """The cost table `config` names (a relative path read from `base_dir`, a model folder, where it exists there; the
+    compiled forwards' table beside it when `config.compile` and one was measured), or None."""
+    if not config.cost_table:
+        return None
+    table = _resolve(config.cost_table, base_dir)
+    if config.compile and compiled_table(table).exists():
+        table = compiled_table(table)  # compiled forwards cost differently in kind (profile.py)
+    return CostTable.load(table)
+
+
+def _resolve(path, base_dir) -> Path:
+    p = Path(path)
+    if not p.is_absolute() and base_dir is not None and (Path(base_dir) / p).exists():
+        p = Path(base_dir) / p
+    return p
 
 
 def _per_distinct(rows: list, f) -> list:

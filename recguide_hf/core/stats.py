@@ -28,6 +28,7 @@ class Stats:
         self.block_sizes = [Counter() for _ in range(num_rows)]
         self.total_forwards = 0
         self.total_query_tokens = 0
+        self.bucket_rounds: Counter = Counter()  # (rows, block) -> bucket rounds run: what a cost table prices
         self.round_log: list[tuple] | None = None  # [] to log (row, block, accepted, drafts, entropy, first place's)
 
     def reset_rows(self, rows: torch.Tensor):
@@ -52,6 +53,7 @@ class Stats:
     def record_round(self, rows, block: int, emitted, num_accepted, draft_len, hit_kind, had_branches: bool,
                      entropy, first_entropy=None):
         rows = rows.cpu()
+        self.bucket_rounds[(rows.numel(), block)] += 1
         self.rounds[rows] += 1
         self.new_tokens[rows] += emitted.cpu()
         self.accepted[rows] += num_accepted.cpu()

@@ -35,7 +35,9 @@ from transformers import GenerationMixin
 
 from ..core.backbone import Backbone
 from ..core.config import DecodingConfig
+from ..core.costs import CostTable
 from ..core.engine import Engine, SamplingSettings
+from ..core.policy import cost_table_of
 from ..models.registry import as_backbone
 
 METHODS = ("ar", "ar-static", "ar-compile", "hf-cb", "hf-lookup", "hf-assisted",
@@ -378,10 +380,22 @@ def run_engine(model, tokenizer, prompts: list[str], c: int, max_new: int, metho
         wall = time.perf_counter() - start
     stats = engine.slots.stats
     return {"records": records, "wall": wall, "engine": engine, "compile_s": engine.compile_warmup_s or 0.0,
-            "engine_stats": {"forwards": stats.total_forwards, "query_tokens": stats.total_query_tokens}}
+            "engine_stats": {"forwards": stats.total_forwards, "query_tokens": stats.total_query_tokens},
+            "bucket_rounds": dict(stats.bucket_rounds)}
 
 
-def summarize(run: dict, reference: dict[int, list[int]] | None) -> dict:
+def pricing_table(model) -> CostTable | None:
+    """The cost table the model's recguide plans with (its generation config's, read from its folder), to price every
+    engine run's rounds by (`summarize`); None where it names none."""
+    config = _engine_config("recguide", model.generation_config)
+    return cost_table_of(config, getattr(model.config, "_name_or_path", None))
+
+
+def summarize(run: dict, reference: dict[int, list[int]] | None, costs: CostTable | None = None) -> dict:
+    """One run's figures. With `costs`, an engine run also gets `table_priced_tps`: its tokens over its decode rounds
+    at the table's prices (each bucket round at `CostTable.round_cost`: a LinearSS round without branches; prefills
+    left out), the worth of its decisions with the host's drift and noise taken out, comparable between engine
+    methods of one run (not with HF's methods, which have no rounds, nor with aggregate tok/s)."""
     recs = run["records"]
     tokens = sum(r["new_tokens"] for r in recs)
     out = {
@@ -389,6 +403,8 @@ def summarize(run: dict, reference: dict[int, list[int]] | None) -> dict:
         "per_request_tps": statistics.mean(r["new_tokens"] / r["latency"] for r in recs if r["latency"] > 0),
         "new_tokens": tokens, "wall_s": run["wall"], "num_requests": len(recs),
     }
+    if costs is not None and run.get("bucket_rounds"):
+        out["table_priced_tps"] = tokens / costs.price(run["bucket_rounds"])
     if run.get("hf_counts"):  # HF assisted: one verifier forward per round
         fwd = run["hf_counts"]["verifier_forwards"]
         out.update(tpf=tokens / fwd if fwd else 0.0, tau=tokens / fwd if fwd else 0.0, rounds=fwd,
@@ -471,6 +487,8 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
     plain = plain_model if plain_model is not None else model
     for m in methods:
         parse_method(m)
+    # engine runs priced by the cost table recguide plans with (a simulation's clock is a cost model already)
+    costs = pricing_table(model) if virtual is None else None
     raw: dict[tuple[str, int], list[dict]] = {}
     warmup: dict[tuple[str, int], float] = {}  # compiling methods: seconds of the untimed first pass per C
     reference: dict[int, list[int]] = {}
@@ -507,7 +525,7 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
                         break  # warm-up too: run it again
                     warmup[(m, c)] = warmup.get((m, c), 0.0) + run["wall"]
                     run = timed_run(m, c, n)
-                raw.setdefault((m, c), []).append(summarize(run, reference))
+                raw.setdefault((m, c), []).append(summarize(run, reference, costs))
                 # the next run starts with this one's engine and caches freed, not still held by `run` (hundreds
                 # of MB at 64 rows: a method timed after a larger one paid for its memory)
                 run = None
@@ -520,6 +538,9 @@ def bench(model, tokenizer, prompts: list[str], methods=METHODS, concurrencies=(
         for key in ("aggregate_tps", "per_request_tps", "wall_s"):
             row[key] = statistics.median(r[key] for r in runs)
         row["aggregate_tps_runs"] = [r["aggregate_tps"] for r in runs]  # per repeat, in repeat order
+        if all("table_priced_tps" in r for r in runs):  # engine methods' rounds at table prices (`summarize`)
+            row["table_priced_tps_runs"] = [r["table_priced_tps"] for r in runs]
+            row["table_priced_tps"] = statistics.median(row["table_priced_tps_runs"])
         last = runs[-1]
         for key, value in last.items():
             if key not in row:
@@ -601,8 +622,10 @@ def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str
     by_c: dict[int, list[dict]] = {}
     for r in result["rows"]:
         by_c.setdefault(r["concurrency"], []).append(r)
-    lines = [f"| C | {label} | its tok/s | {method} tok/s | ratio | ratio in each repeat | = AR |",
-             "|---|---|---|---|---|---|---|"]
+    priced = any("table_priced_tps" in r for r in result["rows"] if r["method"] == method)
+    lines = [f"| C | {label} | its tok/s | {method} tok/s | ratio | ratio in each repeat | "
+             + ("at table prices: fastest engine method | ratio | " if priced else "") + "= AR |",
+             "|---|---|---|---|---|---|" + ("---|---|" if priced else "") + "---|"]
     ratios = []
     for c in sorted(by_c):
         ours = [r for r in by_c[c] if r["method"] == method]
@@ -616,9 +639,21 @@ def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str
         eq = "yes" if ours[0]["equal_to_ar"] and best["equal_to_ar"] else "NO"
         paired = _paired_ratios(ours[0], best)
         name = best["method"] + (f" (warm-up {best['warmup_s']:.0f} s excluded)" if "warmup_s" in best else "")
+        at_table = ""
+        if priced:
+            best_t = table_priced_best(by_c[c], method)
+            at_table = (f"{best_t['method']} | x{ours[0]['table_priced_tps'] / best_t['table_priced_tps']:.3f} | "
+                        if best_t is not None and "table_priced_tps" in ours[0] else "- | - | ")
         lines.append(f"| {c} | {name} | {best['aggregate_tps']:.1f} | {ours[0]['aggregate_tps']:.1f} | "
-                     f"x{ratio:.2f} | {paired or '-'} | {eq} |")
+                     f"x{ratio:.2f} | {paired or '-'} | {at_table}{eq} |")
     return "\n".join(lines), (min(ratios) if ratios else None)
+
+
+def table_priced_best(rows: list[dict], method: str = "recguide") -> dict | None:
+    """Of one concurrency's rows, the other engine method whose rounds are the fastest at table prices (median over
+    repeats, `summarize`), or None where none was priced."""
+    priced = [r for r in rows if r["method"] != method and "table_priced_tps" in r]
+    return max(priced, key=lambda r: r["table_priced_tps"]) if priced else None
 
 
 def compile_rows(result: dict, method: str = "recguide") -> list[dict]:
