@@ -1,9 +1,11 @@
-"""Where a closed loop's time goes at the cost table's prices: while requests wait (every slot busy) and in the drain
-(the queue empty, the last requests finishing with fewer rows), per engine method.
+"""Where a closed loop's time goes at the cost table's prices: while prompts wait for a slot (every slot busy) and in
+the drain (from the step that admits the last prompt: the last requests finishing with fewer rows), per engine
+method.
 
 `recguide bench`'s closed loop runs max(2 C, 16) requests through C slots and divides all their tokens by all the
 time, the drain included. Plain steps keep every slot in step (requests admitted together finish together); a run that
-drafts finishes its requests at scattered rounds, so its last requests finish with the batch emptying around them.
+drafts finishes its requests at scattered rounds, so its last requests finish with the batch emptying around them
+(`Engine.serve` plans them as one static batch, done with its slowest).
 This prices both phases by the cost table the policy plans with (`CostTable.price`, decode rounds only: prefills are
 left out), so the host's noise is out of the comparison, and checks every output against HF greedy.
 
@@ -29,38 +31,39 @@ from recguide_hf.tools.cli import load  # noqa: E402
 from recguide_hf.tools.prompts import load_mixed  # noqa: E402
 
 
-def run(model, tokenizer, ids: list[list[int]], slots: int, method: str, max_new: int, costs) -> dict:
-    """One closed loop of `ids` through `slots` slots: tokens, table seconds and block mix (rows) per phase."""
+def run(model, tokenizer, ids: list[list[int]], slots: int, method: str, max_new: int, costs) -> tuple[dict, list]:
+    """One closed loop (`Engine.serve`) of `ids` through `slots` slots: tokens, table seconds and block mix (rows) of
+    the steps while prompts wait for a slot ("full") and of those from the one admitting the last prompt on ("drain",
+    where `serve` plans the requests in flight as one static batch); and every request's new tokens."""
     gen = model.generation_config
     eos = gen.eos_token_id
     settings = SamplingSettings(max_new_tokens=max_new, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
                                 pad_token_id=tokenizer.pad_token_id)
     engine = Engine(as_backbone(model), _engine_config(method, gen), settings,
                     base_dir=getattr(model.config, "_name_or_path", None))
-    engine.open(slots, max(len(p) for p in ids))
-    for i, prompt in enumerate(ids):
-        engine.submit(i, prompt)
     phases = {p: {"tokens": 0, "table_s": 0.0, "rows_by_block": collections.Counter()} for p in ("full", "drain")}
-    new = [[] for _ in ids]
     counted = collections.Counter()
-    while engine.waiting or engine.num_running:
-        phase = phases["full" if engine.waiting else "drain"]  # the queue as the round begins
-        for e in engine.step():
-            new[e.request_id].extend(e.new_ids)
-            phase["tokens"] += len(e.new_ids)
+    draining = [len(ids) <= slots]  # whether the step about to run admits the last prompt (or came after it)
+
+    def on_step(emissions):
+        phase = phases["drain" if draining[0] else "full"]
+        phase["tokens"] += sum(len(e.new_ids) for e in emissions)
         now = engine.slots.stats.bucket_rounds
         ran = {k: n - counted[k] for k, n in now.items() if n != counted[k]}  # this step's bucket rounds
         counted.update(ran)
         phase["table_s"] += costs.price(ran)
         for (rows, block), n in ran.items():
             phase["rows_by_block"][block] += rows * n
+        draining[0] = len(engine.waiting) <= sum(owner is None for owner in engine.owner)
+
+    records = engine.serve(ids, slots, on_step=on_step)
     out = {"tokens": sum(p["tokens"] for p in phases.values()), "table_s": sum(p["table_s"] for p in phases.values())}
     out["table_tok_s"] = out["tokens"] / out["table_s"]
     for name, p in phases.items():
         out[name] = {"tokens": p["tokens"], "table_s": p["table_s"],
                      "table_tok_s": p["tokens"] / p["table_s"] if p["table_s"] else None,
                      "rows_by_block": dict(sorted(p["rows_by_block"].items()))}
-    return out, new
+    return out, [r["new_ids"] for r in records]
 
 
 def main(argv=None) -> int:

@@ -385,6 +385,32 @@ def test_slot_reuse_matches_running_alone(model):
         assert rec["new_tokens"] == len(ref) and rec["latency"] > 0
 
 
+def test_serve_plans_its_last_requests_as_one_static_batch(model):
+    """`serve` returns when its last request is done: the policy plans by the rate rule while prompts wait for a
+    slot, and for the batch's slowest request (`whole_batch`) once the last one is admitted. The outputs stay greedy."""
+    from recguide_hf.core.policy import BlockPolicy
+
+    seen = []
+
+    class Spy(BlockPolicy):
+        def plan(self, rows, pending_has, remaining=None):
+            seen.append((len(engine.waiting), self.whole_batch))
+            return super().plan(rows, pending_has, remaining)
+
+    prompts = random_prompts(7, 96, min_len=1, max_len=18, seed=21)
+    cfg = DecodingConfig(block_size=4)
+    engine = Engine(recguide_hf.models.hf_backbone.HFBackbone(model), cfg,
+                    SamplingSettings(max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=2), policy=Spy(cfg))
+    records = engine.serve(prompts, slots=3)
+    assert {whole for waiting, whole in seen if waiting} == {False}  # a freed slot still takes the next prompt
+    assert {whole for waiting, whole in seen if not waiting} == {True}
+    for prompt, rec in zip(prompts[-3:], records[-3:]):  # the static batch's requests
+        ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=12)[0, len(prompt):].tolist()
+        while ref and ref[-1] == 2 and EOS in ref:  # strip HF's padding after EOS
+            ref.pop()
+        assert rec["new_ids"] == ref
+
+
 def test_prefill_in_length_groups_fills_the_cache_as_one_forward(model, monkeypatch):
     """Prompts of different lengths are prefilled in length-sorted groups; the committed cache equals the
     one padded forward's, to float rounding, and decoding stays HF greedy."""

@@ -813,13 +813,15 @@ def test_a_static_batch_is_planned_for_its_slowest_request():
 
 
 def test_generate_plans_its_batch_as_one_and_a_server_does_not(model):
-    """`Engine.generate` tells the policy its rows are one static batch; `serve` and `open` (a freed slot
-    takes the next request) do not."""
+    """`Engine.generate` tells the policy its rows are one static batch; `open` (a server's slots: a freed slot
+    takes the next request) does not; `serve` does once its last prompt is admitted (test_engine.py has the steps)."""
     config = DecodingConfig(mode="linear", block_size=4)
     settings = SamplingSettings(max_new_tokens=4, eos_token_ids=[EOS], pad_token_id=PAD)
     prompts = random_prompts(2, 96, min_len=2, max_len=6, seed=3)
     engine = Engine(as_backbone(model), config, settings)
     engine.generate(*left_pad(prompts))
     assert engine.policy.whole_batch
-    engine.serve(prompts, slots=2)
+    engine.open(2, 8)
     assert not engine.policy.whole_batch
+    engine.serve(prompts, slots=2)  # both prompts admitted at once: one static batch from the first step
+    assert engine.policy.whole_batch

@@ -246,21 +246,31 @@ class Engine:
         self.owner[row] = None
 
     @torch.no_grad()
-    def serve(self, prompts: list[list[int]], slots: int, on_finish=None) -> list[dict]:
+    def serve(self, prompts: list[list[int]], slots: int, on_finish=None, on_step=None) -> list[dict]:
         """Closed-loop continuous batching: `slots` requests in flight; a finished request's slot is reused by
-        the next queued prompt. Returns one record per prompt (new token ids, latency, per-request stats)."""
+        the next queued prompt. Returns one record per prompt (new token ids, latency, per-request stats).
+
+        The call returns when its last request is done: once a step admits the last queued prompt, the requests in
+        flight are one static batch and the policy plans for its slowest (`BlockPolicy`, "one static batch"); until
+        then a freed slot takes the next prompt and the rate rule holds. (A server's `step` loop never knows that
+        nothing more will come, and keeps the rate rule.) `on_finish(request_id, record)` is called as each request
+        finishes, `on_step(emissions)` after every step."""
         self.open(slots, max(len(p) for p in prompts))
         for i, prompt in enumerate(prompts):
             self.submit(i, prompt)
         records: list[dict | None] = [None] * len(prompts)
         new_ids: list[list[int]] = [[] for _ in prompts]
         while self.waiting or self.num_running:
-            for e in self.step():
+            self.policy.whole_batch = len(self.waiting) <= sum(owner is None for owner in self.owner)
+            emissions = self.step()
+            for e in emissions:
                 new_ids[e.request_id].extend(e.new_ids)
                 if e.finished:
                     records[e.request_id] = rec = {"new_ids": new_ids[e.request_id], **e.stats}
                     if on_finish is not None:
                         on_finish(e.request_id, rec)
+            if on_step is not None:
+                on_step(emissions)
         return records
 
     def _take_new(self) -> list[tuple[int, int, int]]:

@@ -73,8 +73,11 @@ plain step makes its token for sure). (On held-out HumanEval at C = 4, rounds of
 B = 8's, yet recguide's static batches took as many rounds as linear-8's: 81. At C = 16, planned for the mean
 request, a B = 8 round was tried where its 16 rows made less than plain steps would have.) One
 request (C = 1) is its own batch and keeps the rate rule, whose last rounds `_to_the_limit` prices; a server's
-slots and `serve`'s closed loop keep it too (a freed slot takes the next request), and so does `recguide_rho` set
-to a number (a weight on time is a rate's rule). Rows a branch pinned keep their drafted block.
+slots keep it too (a freed slot takes the next request), and so does `recguide_rho` set to a number (a weight on time
+is a rate's rule). `Engine.serve`, a closed loop over a known list, keeps it until its last prompt is admitted; the
+requests then in flight are one static batch, done with its slowest. (With the rate rule there, a closed loop at
+C = 32 that had drafted ran its last requests, out of step, at about 1,000 tokens/s at table prices against 1,416
+for plain steps in step: eval/closed_loop_drain.py.) Rows a branch pinned keep their drafted block.
 
 The plans weighed are: every request at the same B, for each candidate B, and every request at its own
 `argmax_B V_B / T_C(B)`. A request's first round (no history) reads `V_B` of first rounds,
