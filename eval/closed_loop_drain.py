@@ -43,10 +43,10 @@ def run(model, tokenizer, ids: list[list[int]], slots: int, method: str, max_new
                     base_dir=getattr(model.config, "_name_or_path", None))
     phases = {p: {"tokens": 0, "table_s": 0.0, "rows_by_block": collections.Counter()} for p in ("full", "drain")}
     counted = collections.Counter()
-    draining = [len(ids) <= slots]  # whether the step about to run admits the last prompt (or came after it)
 
     def on_step(emissions):
-        phase = phases["drain" if draining[0] else "full"]
+        # `serve` set whole_batch before this step: from the step admitting the last prompt on, the drain
+        phase = phases["drain" if engine.policy.whole_batch else "full"]
         phase["tokens"] += sum(len(e.new_ids) for e in emissions)
         now = engine.slots.stats.bucket_rounds
         ran = {k: n - counted[k] for k, n in now.items() if n != counted[k]}  # this step's bucket rounds
@@ -54,7 +54,6 @@ def run(model, tokenizer, ids: list[list[int]], slots: int, method: str, max_new
         phase["table_s"] += costs.price(ran)
         for (rows, block), n in ran.items():
             phase["rows_by_block"][block] += rows * n
-        draining[0] = len(engine.waiting) <= sum(owner is None for owner in engine.owner)
 
     records = engine.serve(ids, slots, on_step=on_step)
     out = {"tokens": sum(p["tokens"] for p in phases.values()), "table_s": sum(p["table_s"] for p in phases.values())}

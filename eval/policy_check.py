@@ -54,7 +54,6 @@ class Recording(BlockPolicy):
         self.predicted: dict[int, list[float]] = defaultdict(list)  # block -> the value table's progress per row
         self.corrected: dict[int, list[float]] = defaultdict(list)  # block -> the same, corrected online
         self.priced: list[tuple[int, int, float, float]] = []  # (rows, block, table x factor, measured seconds)
-        self.table_seconds = 0.0  # every bucket round at the cost table's price alone (no online factor)
 
     def plan(self, rows, pending_has, remaining=None):
         planned = super().plan(rows, pending_has, remaining)
@@ -65,11 +64,10 @@ class Recording(BlockPolicy):
         return planned
 
     def observe(self, out):
-        if self.costs is not None:
-            price = self.costs.round_cost(out.rows.numel(), out.block)
-            self.table_seconds += price
-            if out.seconds is not None:
-                self.priced.append((out.rows.numel(), out.block, price * self.factor(out.block), out.seconds))
+        if self.costs is not None and out.seconds is not None:
+            self.priced.append((out.rows.numel(), out.block,
+                                self.costs.round_cost(out.rows.numel(), out.block) * self.factor(out.block),
+                                out.seconds))
         super().observe(out)
 
 
@@ -99,7 +97,7 @@ def run_batches(model, tokenizer, prompts, c, max_new, method, plain, record=Fal
             for b, v in getattr(r["policy"], name).items():
                 getattr(total["policy"], name)[b] += v
         total["policy"].priced += r["policy"].priced
-        total["policy"].table_seconds += r["policy"].table_seconds
+        total["table_seconds"] += r["table_seconds"]
     return total
 
 
@@ -130,7 +128,10 @@ def run(model, tokenizer, prompts, max_new, method, prices, record=False):
     made = defaultdict(list)
     for _, block, accepted, _, _, _ in (stats.round_log if record else []):
         made[block].append(accepted + 1 if block > 1 else 1)
-    return {"seconds": seconds, "tokens": sum(map(len, new)), "new": new, "policy": policy, "made": made}
+    # every bucket round the engine ran at the cost table's price alone (no online factor)
+    table_seconds = policy.costs.price(stats.bucket_rounds) if record and policy.costs is not None else 0.0
+    return {"seconds": seconds, "tokens": sum(map(len, new)), "new": new, "policy": policy, "made": made,
+            "table_seconds": table_seconds}
 
 
 def main(argv=None):
@@ -207,7 +208,7 @@ def main(argv=None):
                                          for b, v in sorted(by_b.items())}
         # the decisions without the host's noise: each engine method's rounds at the cost table's prices (what the
         # policy plans with; H2 says how close they are to the measured), recguide against the fastest other there
-        table = {m: r["tokens"] / r["policy"].table_seconds for m, r in seen.items()}
+        table = {m: r["tokens"] / r["table_seconds"] for m, r in seen.items()}
         fastest_t = max((m for m in table if not m.startswith("recguide")), key=table.get)
         row["table_priced"] = {"tok_s": table, "fastest_other": fastest_t,
                                "ratio": {m: v / table[fastest_t] for m, v in table.items() if m.startswith("recguide")}}
