@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from recguide_hf.core.engine import Engine, SamplingSettings  # noqa: E402
-from recguide_hf.models.registry import as_backbone  # noqa: E402
-from recguide_hf.tools.bench import _engine_config, pricing_table, run_hf, save_run  # noqa: E402
-from recguide_hf.tools.cli import load  # noqa: E402
-from recguide_hf.tools.prompts import load_mixed  # noqa: E402
+from recguide_hf.core.engine import Engine, SamplingSettings
+from recguide_hf.models.registry import as_backbone
+from recguide_hf.tools.bench import _engine_config, pricing_table, run_hf, save_run
+from recguide_hf.tools.cli import load
+from recguide_hf.tools.prompts import load_mixed
 
 
 def run(model, tokenizer, ids: list[list[int]], slots: int, method: str, max_new: int, costs) -> tuple[dict, list]:
