@@ -108,31 +108,22 @@ def policy_table(res: Path) -> str:
 
 
 def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
-    """Per C of a bench run, ascending: its rows by method, the fastest other method, `ours` / it in aggregate
-    tokens/s (the run's median; `best_*`: the same by each method's best repeat; `paired`: the median over repeats
-    of `ours` / the fastest other within one repeat, None without per-repeat figures), and whether every method's
-    output equalled HF greedy there; `priced`: `ours` / the fastest other engine method `best_priced` at the cost
-    table's prices (bench.summarize), None where the run has none."""
-    from recguide_hf.tools.bench import table_priced_best
+    """Per C of a bench run, ascending: its rows by method and `ours` against the fastest other method
+    (`bench.against_fastest_other`, methods by name; `paired`: the median of the per-repeat ratios, None without
+    them), and whether every method's output equalled HF greedy there."""
+    from recguide_hf.tools.bench import against_fastest_other
 
-    by_c: dict[int, dict[str, dict]] = {}
+    by_c: dict[int, list[dict]] = {}
     for r in rows:
-        by_c.setdefault(r["concurrency"], {})[r["method"]] = r
+        by_c.setdefault(r["concurrency"], []).append(r)
     out = []
     for c, rows_c in sorted(by_c.items()):
-        others = {m: r["aggregate_tps"] for m, r in rows_c.items() if m != ours}
-        best = max(others, key=others.get)
-        tops = {m: max(r.get("aggregate_tps_runs") or [r["aggregate_tps"]]) for m, r in rows_c.items()}
-        best_top = max((m for m in tops if m != ours), key=tops.get)
-        runs = [rows_c[m].get("aggregate_tps_runs") for m in (ours, best)]
-        paired = statistics.median(a / b for a, b in zip(*runs)) if all(runs) else None
-        best_t = table_priced_best(list(rows_c.values()), ours)
-        priced = (rows_c[ours]["table_priced_tps"] / best_t["table_priced_tps"]
-                  if best_t is not None and "table_priced_tps" in rows_c[ours] else None)
-        out.append({"c": c, "rows": rows_c, "best": best, "ratio": rows_c[ours]["aggregate_tps"] / others[best],
-                    "paired": paired, "best_top": best_top, "ratio_top": tops[ours] / tops[best_top],
-                    "best_priced": best_t["method"] if best_t is not None else None, "priced": priced,
-                    "same": all(r["equal_to_ar"] for r in rows_c.values())})
+        a = against_fastest_other(rows_c, ours)
+        out.append({"c": c, "rows": {r["method"]: r for r in rows_c}, "best": a["best"]["method"], "ratio": a["ratio"],
+                    "paired": statistics.median(a["paired"]) if a["paired"] else None,
+                    "best_top": a["best_top"]["method"], "ratio_top": a["ratio_top"],
+                    "best_priced": a["best_priced"]["method"] if a["best_priced"] is not None else None,
+                    "priced": a["priced"], "same": all(r["equal_to_ar"] for r in rows_c)})
     return out
 
 

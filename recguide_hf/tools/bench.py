@@ -613,6 +613,31 @@ def _paired_ratios(row: dict, other: dict) -> str:
                                                     other.get("aggregate_tps_runs", [])))
 
 
+def against_fastest_other(rows: list[dict], method: str = "recguide",
+                          peers: tuple[str, ...] | None = None) -> dict | None:
+    """Of one concurrency's rows: `method`'s row against the fastest OTHER method there (`peers`: only methods of these
+    bases), or None where either is missing. `best`, `ratio`: by the run's median aggregate tokens/s; `paired`: the
+    ratios within each repeat (empty without per-repeat figures); `best_top`, `ratio_top`: by each method's best
+    repeat; `best_priced`, `priced`: the fastest other engine method at table prices (`summarize`) and the ratio
+    there (None where the run has no table prices). `fastest_other_table` and the README (eval/update_readme.py)
+    both read it."""
+    ours = next((r for r in rows if r["method"] == method), None)
+    others = [r for r in rows if r["method"] != method and (peers is None or parse_method(r["method"])[0] in peers)]
+    if ours is None or not others:
+        return None
+
+    def top(r):
+        return max(r.get("aggregate_tps_runs") or [r["aggregate_tps"]])
+
+    best, best_top = max(others, key=lambda r: r["aggregate_tps"]), max(others, key=top)
+    best_priced = table_priced_best(rows, method)
+    priced = (ours["table_priced_tps"] / best_priced["table_priced_tps"]
+              if best_priced is not None and "table_priced_tps" in ours else None)
+    return {"ours": ours, "best": best, "ratio": ours["aggregate_tps"] / best["aggregate_tps"],
+            "paired": [a / b for a, b in zip(ours.get("aggregate_tps_runs", []), best.get("aggregate_tps_runs", []))],
+            "best_top": best_top, "ratio_top": top(ours) / top(best_top), "best_priced": best_priced, "priced": priced}
+
+
 def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str, ...] | None = None,
                         label: str = "fastest other method") -> tuple[str, float | None]:
     """Per C: `method` vs the fastest OTHER method in the run (AR and every peer included; `peers`: only methods of
@@ -628,24 +653,20 @@ def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str
              "|---|---|---|---|---|---|" + ("---|---|" if priced else "") + "---|"]
     ratios = []
     for c in sorted(by_c):
-        ours = [r for r in by_c[c] if r["method"] == method]
-        others = [r for r in by_c[c] if r["method"] != method
-                  and (peers is None or parse_method(r["method"])[0] in peers)]
-        if not ours or not others:
+        against = against_fastest_other(by_c[c], method, peers)
+        if against is None:
             continue
-        best = max(others, key=lambda r: r["aggregate_tps"])
-        ratio = ours[0]["aggregate_tps"] / best["aggregate_tps"]
-        ratios.append(ratio)
-        eq = "yes" if ours[0]["equal_to_ar"] and best["equal_to_ar"] else "NO"
-        paired = _paired_ratios(ours[0], best)
+        ours, best = against["ours"], against["best"]
+        ratios.append(against["ratio"])
+        eq = "yes" if ours["equal_to_ar"] and best["equal_to_ar"] else "NO"
+        paired = _paired_ratios(ours, best)
         name = best["method"] + (f" (warm-up {best['warmup_s']:.0f} s excluded)" if "warmup_s" in best else "")
         at_table = ""
         if priced:
-            best_t = table_priced_best(by_c[c], method)
-            at_table = (f"{best_t['method']} | x{ours[0]['table_priced_tps'] / best_t['table_priced_tps']:.3f} | "
-                        if best_t is not None and "table_priced_tps" in ours[0] else "- | - | ")
-        lines.append(f"| {c} | {name} | {best['aggregate_tps']:.1f} | {ours[0]['aggregate_tps']:.1f} | "
-                     f"x{ratio:.2f} | {paired or '-'} | {at_table}{eq} |")
+            at_table = (f"{against['best_priced']['method']} | x{against['priced']:.3f} | "
+                        if against["priced"] is not None else "- | - | ")
+        lines.append(f"| {c} | {name} | {best['aggregate_tps']:.1f} | {ours['aggregate_tps']:.1f} | "
+                     f"x{against['ratio']:.2f} | {paired or '-'} | {at_table}{eq} |")
     return "\n".join(lines), (min(ratios) if ratios else None)
 
 
