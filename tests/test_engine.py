@@ -23,6 +23,14 @@ def hf_greedy(model, ids, mask, **kw):
     return model.generate(ids, do_sample=False, **kw)
 
 
+def hf_alone(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """One prompt's new tokens from plain HF greedy at batch 1, its padding (id 2) after EOS stripped."""
+    ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=max_new_tokens)[0, len(prompt):].tolist()
+    while ref and ref[-1] == 2 and EOS in ref:
+        ref.pop()
+    return ref
+
+
 @pytest.mark.parametrize("mode", ["linear", "recguide"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_parity_batches_and_blocks(model, mode, batch):
@@ -378,9 +386,7 @@ def test_slot_reuse_matches_running_alone(model):
                     SamplingSettings(max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=2))
     records = engine.serve(prompts, slots=3)
     for prompt, rec in zip(prompts, records):
-        ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=12)[0, len(prompt):].tolist()
-        while ref and ref[-1] == 2 and EOS in ref:  # strip HF's padding after EOS
-            ref.pop()
+        ref = hf_alone(model, prompt, 12)
         assert rec["new_ids"] == ref
         assert rec["new_tokens"] == len(ref) and rec["latency"] > 0
 
@@ -405,10 +411,7 @@ def test_serve_plans_its_last_requests_as_one_static_batch(model):
     assert {whole for waiting, whole in seen if waiting} == {False}  # a freed slot still takes the next prompt
     assert {whole for waiting, whole in seen if not waiting} == {True}
     for prompt, rec in zip(prompts[-3:], records[-3:]):  # the static batch's requests
-        ref = hf_greedy(model, torch.tensor([prompt]), None, max_new_tokens=12)[0, len(prompt):].tolist()
-        while ref and ref[-1] == 2 and EOS in ref:  # strip HF's padding after EOS
-            ref.pop()
-        assert rec["new_ids"] == ref
+        assert rec["new_ids"] == hf_alone(model, prompt, 12)
 
 
 def test_prefill_in_length_groups_fills_the_cache_as_one_forward(model, monkeypatch):

@@ -261,7 +261,7 @@ class Engine:
         records: list[dict | None] = [None] * len(prompts)
         new_ids: list[list[int]] = [[] for _ in prompts]
         while self.waiting or self.num_running:
-            self.policy.whole_batch = len(self.waiting) <= sum(owner is None for owner in self.owner)
+            self.policy.whole_batch = len(self.waiting) <= slots - self.num_running
             emissions = self.step()
             for e in emissions:
                 new_ids[e.request_id].extend(e.new_ids)

@@ -606,11 +606,15 @@ def adaptive_table(result: dict, method: str = "recguide") -> tuple[str, float |
     return "\n".join(lines), mean
 
 
-def _paired_ratios(row: dict, other: dict) -> str:
-    """`row` / `other` in each repeat ("" without per-repeat figures). The two ran minutes apart at most within a
+def _paired(row: dict, other: dict) -> list[float]:
+    """`row` / `other` in each repeat (empty without per-repeat figures). The two ran minutes apart at most within a
     repeat: the spread of these is the run's noise."""
-    return ", ".join(f"{a / b:.2f}" for a, b in zip(row.get("aggregate_tps_runs", []),
-                                                    other.get("aggregate_tps_runs", [])))
+    return [a / b for a, b in zip(row.get("aggregate_tps_runs", []), other.get("aggregate_tps_runs", []))]
+
+
+def _listed(ratios: list[float]) -> str:
+    """Per-repeat ratios as the tables print them ("" for none)."""
+    return ", ".join(f"{x:.2f}" for x in ratios)
 
 
 def against_fastest_other(rows: list[dict], method: str = "recguide",
@@ -634,7 +638,7 @@ def against_fastest_other(rows: list[dict], method: str = "recguide",
     priced = (ours["table_priced_tps"] / best_priced["table_priced_tps"]
               if best_priced is not None and "table_priced_tps" in ours else None)
     return {"ours": ours, "best": best, "ratio": ours["aggregate_tps"] / best["aggregate_tps"],
-            "paired": [a / b for a, b in zip(ours.get("aggregate_tps_runs", []), best.get("aggregate_tps_runs", []))],
+            "paired": _paired(ours, best),
             "best_top": best_top, "ratio_top": top(ours) / top(best_top), "best_priced": best_priced, "priced": priced}
 
 
@@ -659,7 +663,7 @@ def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str
         ours, best = against["ours"], against["best"]
         ratios.append(against["ratio"])
         eq = "yes" if ours["equal_to_ar"] and best["equal_to_ar"] else "NO"
-        paired = _paired_ratios(ours, best)
+        paired = _listed(against["paired"])
         name = best["method"] + (f" (warm-up {best['warmup_s']:.0f} s excluded)" if "warmup_s" in best else "")
         at_table = ""
         if priced:
@@ -707,7 +711,7 @@ def compile_table(result: dict, method: str = "recguide") -> str | None:
         repaid = f"{r['repaid_tokens']:,.0f}" if r["repaid_tokens"] is not None else "never"
         eq = "yes" if eager["equal_to_ar"] and comp["equal_to_ar"] else "NO"
         lines.append(f"| {r['concurrency']} | {eager['aggregate_tps']:.1f} | {comp['aggregate_tps']:.1f} | "
-                     f"x{r['ratio']:.2f} | {_paired_ratios(comp, eager) or '-'} | "
+                     f"x{r['ratio']:.2f} | {_listed(_paired(comp, eager)) or '-'} | "
                      f"{f'{warm:.0f}' if warm is not None else '-'} | {repaid} | {eq} |")
     return "\n".join(lines)
 
