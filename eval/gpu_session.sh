@@ -4,14 +4,16 @@
 #     bash eval/gpu_session.sh                      # there, with .gpu carried (eval/gpu_pack.sh made it here)
 #     DEVICE=cpu SMOKE=1 bash eval/gpu_session.sh   # here: the same steps, tiny, to check the script itself
 #
-# Each step is time-boxed (together at most 8.5 minutes, inside one call's 10) and appends to $OUT/session.log;
+# Each step is time-boxed (together at most 8.9 minutes, inside one call's 10) and appends to $OUT/session.log;
 # results land in $OUT as at most 8 files (what a call can bring back). Steps:
 # 1. environment: torch, transformers and the device;
 # 2. eval/gpu_check.py: parity of every mode (streams overlap included) on the NLD stand-in, on CUDA;
-# 3. recguide profile: the cost table of this GPU (the policy's T_C(B) and the branch prices);
-# 4. eval/branch_check.py: do branches pay where a forward is memory-bound?
-# 5. recguide bench: AR, LinearSS and RecGuide with the bundled (CPU) cost table and with this GPU's;
-# 6. recguide bench against HF's fast paths: static cache, static cache + HF's compiled forward (CUDA graphs on
+# 3. eval/split_check.sh: RecGuide on a model split past one device (CPU offload onto the GPU; with 2+ GPUs, a
+#    device map over two of them and NCCL tensor parallel), every method = plain greedy;
+# 4. recguide profile: the cost table of this GPU (the policy's T_C(B) and the branch prices);
+# 5. eval/branch_check.py: do branches pay where a forward is memory-bound?
+# 6. recguide bench: AR, LinearSS and RecGuide with the bundled (CPU) cost table and with this GPU's;
+# 7. recguide bench against HF's fast paths: static cache, static cache + HF's compiled forward (CUDA graphs on
 #    CUDA, the warm-up reported beside it) and continuous batching, and recguide's own compiled forward
 #    (`recguide_compile=true`: mode="reduce-overhead", CUDA graphs), its warm-up reported the same way.
 set -u
@@ -55,13 +57,15 @@ step environment 30 $PY -c "import torch, transformers; print('torch', torch.__v
 transformers.__version__, transformers.__file__); print(torch.cuda.get_device_name() if torch.cuda.is_available() \
 else 'no CUDA')"
 step gpu_check 60 $PY eval/gpu_check.py --device "$DEVICE" $GPU_CHECK
+step split_check 75 bash eval/split_check.sh "$OUT/split"
+rm -rf "$OUT/split"  # its verdicts are in the log; at most 8 files come back
 step profile 90 $PY -m recguide_hf profile --device "$DEVICE" $PROFILE --out "$OUT/cost_table.json"
-step branch_check 60 $PY eval/branch_check.py --device "$DEVICE" $BRANCH --out "$OUT/branch_check.json"
+step branch_check 45 $PY eval/branch_check.py --device "$DEVICE" $BRANCH --out "$OUT/branch_check.json"
 COSTED=()
 [ -f "$OUT/cost_table.json" ] && COSTED=("recguide:cost_table=$OUT/cost_table.json")
-step bench 150 $PY -m recguide_hf bench --device "$DEVICE" $BENCH --methods ar linear-4 linear-8 linear-16 \
+step bench 130 $PY -m recguide_hf bench --device "$DEVICE" $BENCH --methods ar linear-4 linear-8 linear-16 \
     recguide "recguide:block_sizes=8,16,32" "${COSTED[@]}" --out "$OUT/bench"
 # shellcheck disable=SC2086
-step hf_fast_paths 120 $PY -m recguide_hf bench --device "$DEVICE" $FAST --methods $FAST_METHODS --out "$OUT/fast"
+step hf_fast_paths 105 $PY -m recguide_hf bench --device "$DEVICE" $FAST --methods $FAST_METHODS --out "$OUT/fast"
 rm -f "$OUT/bench/frontier.png" "$OUT/fast/frontier.png" "$OUT/fast/tpf_tau.png"  # at most 8 files come back
 ls -la "$OUT" "$OUT/bench" 2>/dev/null | tee -a "$LOG"

@@ -8,6 +8,7 @@ from transformers import GenerationConfig
 
 from recguide_hf import RecGuideConfig, RecGuideForCausalLM
 from recguide_hf.core.masks import build_mask, causal_intra, positions
+from recguide_hf.testing.split_check import layout_tolerance
 
 EOS, PAD, MASK = 1, 2, 3
 
@@ -29,8 +30,7 @@ def assert_close_layouts(actual: torch.Tensor, expected: torch.Tensor, ulps: int
     not bit for bit: fp32 rounds at 2**-23 of the values' scale per operation, and `ulps` of the scale covers
     the reordered sums of these 2-layer test models with room while staying ~1e-5 of the scale, far below what
     a real layout bug moves (a query seeing one wrong key, a LoRA on the wrong token: a sizeable fraction)."""
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual, expected, rtol=0, atol=ulps * 2 ** -23 * scale)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=layout_tolerance(expected, ulps))
 
 
 def random_prompts(n: int, vocab: int, min_len: int = 1, max_len: int = 12, seed: int = 0):

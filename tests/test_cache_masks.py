@@ -7,7 +7,7 @@ from recguide_hf.models.cache import RowCache
 
 
 def test_rollback_is_not_advancing():
-    cache = RowCache(num_layers=1, num_rows=2, num_kv_heads=1, head_dim=1, capacity=16)
+    cache = RowCache(num_layers=1, num_rows=2, capacity=16)
     rows = torch.tensor([0, 1])
     cache.bind(rows, 3)
     k = torch.arange(6, dtype=torch.float).view(2, 1, 3, 1)
@@ -26,7 +26,7 @@ def test_rollback_is_not_advancing():
 def test_shared_start_writes_one_slice_like_the_scatter():
     """Rows of one committed length write a slice; the result equals the per-row scatter's."""
     g = torch.Generator().manual_seed(0)
-    fast, slow = (RowCache(num_layers=1, num_rows=3, num_kv_heads=2, head_dim=4, capacity=12) for _ in range(2))
+    fast, slow = (RowCache(num_layers=1, num_rows=3, capacity=12) for _ in range(2))
     for cache in (fast, slow):
         cache.lengths[:] = 5
     rows = torch.arange(3)
@@ -78,7 +78,7 @@ def test_length_groups_bound_the_padding():
 def test_fresh_rows_attend_over_what_they_write():
     """A forward whose rows all start empty (a prefill) gets back its own keys/values, and the buffers hold
     them at the rows' first slots, as the general scatter path would have written them."""
-    cache = RowCache(num_layers=1, num_rows=4, num_kv_heads=2, head_dim=3, capacity=10)
+    cache = RowCache(num_layers=1, num_rows=4, capacity=10)
     cache.lengths[:] = torch.tensor([5, 0, 2, 0])
     rows = torch.tensor([3, 1])
     cache.bind(rows, 4)

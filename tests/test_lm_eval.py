@@ -189,3 +189,33 @@ def test_data_parallel_two_cpu_processes(tmp_path):
     assert len(samples) == 4
     stats = results["config"]["recguide_stats"]
     assert stats["generate_calls"] == 2 and stats["requests"] == 4  # one batch of 2 on each process
+
+
+@pytest.mark.slow
+def test_model_parallel_offloaded_responses_equal_plain_greedy(tmp_path):
+    """lm-eval's model parallelism (`parallelize=True`: accelerate's device map) with a CPU memory budget too small
+    for the model, so accelerate offloads layers to disk: the `recguide` backend's responses equal the stock
+    backend's plain greedy ones on one device."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from recguide_hf.integrations.lm_eval_backend import RecGuideLM
+
+    folder = _tiny_folder(tmp_path / "tiny")
+    manager = TaskManager(include_path=str(TASKS))
+    placed = RecGuideLM(pretrained=str(folder), parallelize=True, max_cpu_memory="150KB",
+                        offload_folder=str(tmp_path / "off"), batch_size=2, device="cpu")
+    assert any(p.device.type == "meta" for p in placed.model.parameters())  # layers offloaded for real
+    runs = {}
+    for key, model, args, mode in (("hf", "hf", f"pretrained={folder},trust_remote_code=True", "ar"),
+                                   ("recguide", placed, None, "recguide")):
+        runs[key] = lm_eval.simple_evaluate(
+            model=model, model_args=args, device="cpu", batch_size=2, tasks=list(TASK_NAMES), limit=2,
+            gen_kwargs=f"recguide_mode={mode}", log_samples=True, task_manager=manager, bootstrap_iters=0)
+    for task in TASK_NAMES:
+        responses = {key: [s["resps"][0][0] for s in sorted(r["samples"][task], key=lambda s: s["doc_id"])]
+                     for key, r in runs.items()}
+        assert len(responses["hf"]) == 2
+        for short, full in zip(responses["recguide"], responses["hf"]):
+            assert short and full.startswith(short.rstrip("\ufffd")), task  # a cut may split a character
+    assert runs["recguide"]["config"]["recguide_stats"]["requests"] == 4

@@ -57,7 +57,11 @@ def test_backbone_facts():
     assert (bb.mask_token_id, bb.vocab_size, bb.max_positions) == (MASK, VOCAB, 1024)
     assert len(bb.lora_layers) == 2 and all(m.base_layer.in_features == 64 for m in bb.lora_layers)
     cache = bb.new_cache(3, 40)
-    assert len(cache.keys) == 2 and cache.keys[0].shape == (3, 2, 40, 16)
+    assert len(cache.keys) == 2 and cache.keys[0] is None  # made where and as each layer first writes
+    cache.bind(torch.arange(3), 4)
+    with torch.no_grad():
+        bb.forward(torch.full((3, 4), 20), torch.arange(4).expand(3, -1), None, cache)
+    assert cache.keys[0].shape == (3, 2, 40, 16)
     assert all(layer.self_attn.diffusion_lm is False for layer in model.encoder.layers)
 
 

@@ -16,11 +16,15 @@ class Backbone:
     `self.mask_token_id`, and implement `new_cache` and `forward`.
 
     `unmasked_steps`: the model accepts `attention_mask=None` with the row cache for a one-token step that sees its
-    whole prefix (HF builds the causal mask from the cache, which for one query is no mask)."""
+    whole prefix (HF builds the causal mask from the cache, which for one query is no mask).
+
+    `spread`: how the model is split past one device, in words (a device map over several devices, tensor parallel
+    ranks), or None on one device: what the engine names when a setting cannot run on such a model."""
 
     model: torch.nn.Module
     mask_token_id: int
     unmasked_steps = False
+    spread: str | None = None
 
     @property
     def device(self) -> torch.device:
@@ -37,6 +41,12 @@ class Backbone:
     @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
+
+    def agree(self, values: list[float]) -> list[float]:
+        """The same numbers on every process that runs this model's forwards together (tensor-parallel ranks: each
+        value's largest), so that what the engine decides from them is decided alike on every rank; one process:
+        `values` as they are."""
+        return values
 
     def new_cache(self, num_rows: int, capacity: int):
         """A KV cache with one committed length per row (`models.cache.RowCache` for transformers models): the

@@ -76,7 +76,9 @@ class CompiledForward:
         return cache
 
     def __call__(self, input_ids, position_ids, attention_mask, cache, draft_mask=None, logits_to_keep=0):
-        if cache._binding.fresh:  # a prefill: eager (each prompt length would be a new shape to guard)
+        # a prefill: eager (each prompt length would be a new shape to guard); so is any forward before every layer
+        # of the cache has its buffers (they are made at a layer's first write: never inside a graph)
+        if cache._binding.fresh or not cache.made:
             return self.backbone.forward(input_ids, position_ids, attention_mask, cache, draft_mask, logits_to_keep)
         fn = self.fns[forward_kind(input_ids, draft_mask)]
         # contiguous inputs: a slice of a wider buffer has other strides, and dynamo guards on strides (a

@@ -106,6 +106,11 @@ class Engine:
         self.policy = policy or BlockPolicy.from_config(config, base_dir, prices)
         self.mask_id = backbone.mask_token_id
         self.wants_entropy = self.policy.reads_entropy  # the entropy signal costs a vocabulary-wide pass per round
+        for setting, on in (("recguide_compile=True", config.compile), ("recguide_overlap='streams'",
+                                                                       config.overlap == "streams")):
+            if on and backbone.spread is not None:  # neither has run on such a model yet
+                raise ValueError(f"{setting} does not support a model {backbone.spread} yet; leave it at its "
+                                 "default for such a model")
         self.split_streams, self._side_stream = self._streams_setup(config.overlap)
         self._compiled = CompiledForward(backbone) if config.compile else None  # None: eager, the reference
 
@@ -303,11 +308,13 @@ class Engine:
                     outcome = self._plain_round(rows)
             else:
                 outcome = self._round(rows, block)
-            # the policy corrects its cost table by what rounds really take here (not by a round that compiled)
-            if timed and self.compile_warmup_s == compiling:
+            # the policy corrects its cost table by what rounds really take here (not by a round that compiled);
+            # ranks that run one split model agree on both numbers, so they plan their next rounds alike
+            if timed:
                 if self.backbone.device.type == "cuda":
                     torch.cuda.synchronize(self.backbone.device)
-                outcome.seconds = self.clock() - start
+                seconds, compiled = self.backbone.agree([self.clock() - start, self.compile_warmup_s != compiling])
+                outcome.seconds = None if compiled else seconds
             with self.phases("observe"):
                 self.policy.observe(outcome)
         return True

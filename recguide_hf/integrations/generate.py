@@ -21,6 +21,7 @@ from transformers import (
     GenerationConfig,
     GenerationMixin,
     LogitsProcessorList,
+    MaxTimeCriteria,
     StoppingCriteriaList,
     StopStringCriteria,
     TemperatureLogitsWarper,
@@ -136,6 +137,11 @@ def _decode_batch(model, input_ids, generation_config, recguide_config, logits_p
                   attention_mask, on_tokens=None):
     config = recguide_config or DecodingConfig.from_sources(generation_config)
     backbone = as_backbone(model)
+    if getattr(backbone, "tp_group", None) is not None:  # every rank must stop where the others do
+        timed = [type(c).__name__ for c in stopping_criteria or [] if isinstance(c, MaxTimeCriteria)]
+        if timed:
+            raise ValueError("max_time (MaxTimeCriteria) would stop tensor-parallel ranks at different rounds; "
+                             "bound the call by max_new_tokens instead")
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
     pad = generation_config._pad_token_tensor

@@ -11,7 +11,7 @@ attend over what it returns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import Cache
@@ -34,15 +34,31 @@ class Binding:
     # whether `runs` is set, as a bool: what a compiled forward's cache code reads (a guard on the list itself
     # could tie a graph to the number of runs)
     in_runs: bool = False
+    # (rows, write_pos) copied to the other devices layers of a split model run on: once per device and forward
+    elsewhere: dict = field(default_factory=dict)
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rows` and `write_pos` on `device` (a layer of a model split over devices: accelerate's device map)."""
+        if device == self.rows.device:
+            return self.rows, self.write_pos
+        if device not in self.elsewhere:
+            self.elsewhere[device] = (self.rows.to(device), self.write_pos.to(device))
+        return self.elsewhere[device]
 
 
 class RowCache(Cache):
-    """Preallocated per-layer key/value buffers `[rows, kv_heads, capacity, head_dim]`.
+    """Per-layer key/value buffers `[rows, kv_heads, capacity, head_dim]`, each made where its layer runs.
 
     Args:
-        num_layers, num_rows, num_kv_heads, head_dim, capacity: buffer geometry; `capacity` bounds
-            longest prompt + new tokens + the widest query of a round.
-        dtype, device: of the buffers.
+        num_layers, num_rows, capacity: the cache's geometry; `capacity` bounds longest prompt + new tokens + the
+            widest query of a round.
+        device: where the per-forward bookkeeping (rows, write slots) is made: the device the model takes its
+            inputs on.
+
+    A layer's buffers are made when it first writes, from the key/value states it writes: their device (a model
+    split by accelerate's device map runs layers on several devices, or loads offloaded layers onto an execution
+    device), dtype, and head count (a tensor-parallel rank's attention holds `num_key_value_heads / world_size`
+    heads), as transformers' own caches size their layers.
 
     Before each forward the engine calls `bind(rows, query_len)` (or `prepare` then `use`, to set up two
     concurrent forwards without waiting for the device): the forward covers `rows` (an index into the
@@ -51,22 +67,19 @@ class RowCache(Cache):
     otherwise `update` returns a gathered copy of those rows.
     """
 
-    def __init__(self, num_layers: int, num_rows: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    def __init__(self, num_layers: int, num_rows: int, capacity: int, device: torch.device | str = "cpu"):
         super().__init__(layers=[])
-        shape = (num_rows, num_kv_heads, capacity, head_dim)
-        # A forward reads its rows' slots up to its KV width, past a row's own length too (masked), so a slot must
-        # hold a finite number before it is first read. On the CPU the buffers are zeroed as forwards first reach
-        # their slots (`prepare`) instead of up front: a full-capacity zeroing (the auto policy's capacity holds its
-        # largest block and branches, 3x a plain step's width at 64 new tokens) cost 0.1 to 1 s of page faults per
-        # call at 64 rows, most of which no forward reads. On other devices zeroing is cheap, and a second stream's
-        # forward may read slots while the first is bound, so they are zeroed at once.
-        lazy = torch.device(device).type == "cpu"
-        make = torch.empty if lazy else torch.zeros
-        self.keys = [make(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [make(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
         self.capacity = capacity
-        self.zeroed = 0 if lazy else capacity  # slots [0, zeroed) of every row hold finite numbers
+        # A forward reads its rows' slots up to its KV width, past a row's own length too (masked), so a slot must
+        # hold a finite number before it is first read. CPU buffers are zeroed as forwards first reach their slots
+        # (`prepare`) instead of up front: a full-capacity zeroing (the auto policy's capacity holds its largest
+        # block and branches, 3x a plain step's width at 64 new tokens) cost 0.1 to 1 s of page faults per call at
+        # 64 rows, most of which no forward reads. On other devices zeroing is cheap, and a second stream's forward
+        # may read slots while the first is bound, so their buffers are zeroed whole when made.
+        self.zeroed = 0  # slots [0, zeroed) of every CPU buffer hold finite numbers
+        self._lazy: list[torch.Tensor] = []  # the CPU buffers, zeroed as forwards reach their slots
         # committed slots per row; kept on the host so binding a forward never waits for the device
         self.lengths = torch.zeros(num_rows, dtype=torch.long)
         self.device = torch.device(device)
@@ -80,12 +93,27 @@ class RowCache(Cache):
         self.uniform = False
 
     @classmethod
-    def for_model(cls, model, num_rows: int, capacity: int) -> RowCache:
+    def for_model(cls, model, num_rows: int, capacity: int, device: torch.device | str | None = None) -> RowCache:
+        """A cache for `model`'s decoder layers (`device`: where the model takes its inputs; default: where its
+        first parameter is)."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        param = next(model.parameters())
-        return cls(cfg.num_hidden_layers, num_rows, cfg.num_key_value_heads, head_dim, capacity,
-                   dtype=param.dtype, device=param.device)
+        return cls(cfg.num_hidden_layers, num_rows, capacity, device or next(model.parameters()).device)
+
+    def _make(self, layer_idx: int, like: torch.Tensor) -> None:
+        """Layer `layer_idx`'s buffers, shaped, typed and placed as the key states `like` [R, kv_heads, Q, hd]."""
+        shape = (self.num_rows, like.shape[1], self.capacity, like.shape[3])
+        lazy = like.device.type == "cpu"
+        for store in (self.keys, self.values):
+            buffer = (torch.empty if lazy else torch.zeros)(shape, dtype=like.dtype, device=like.device)
+            if lazy:
+                buffer[:, :, :self.zeroed].zero_()
+                self._lazy.append(buffer)
+            store[layer_idx] = buffer
+
+    @property
+    def made(self) -> bool:
+        """Whether every layer has its buffers (made at its first write)."""
+        return self.values[-1] is not None if self.values else True
 
     @property
     def num_rows(self) -> int:
@@ -101,7 +129,7 @@ class RowCache(Cache):
         if kv_len > self.capacity:
             raise RuntimeError(f"RowCache capacity {self.capacity} exceeded ({kv_len} slots needed)")
         if kv_len > self.zeroed:  # the forward reads these slots for the first time
-            for buffer in (*self.keys, *self.values):
+            for buffer in self._lazy:
                 buffer[:, :, self.zeroed:kv_len].zero_()
             self.zeroed = kv_len
         all_rows = rows_cpu.numel() == self.num_rows and bool((rows_cpu == torch.arange(self.num_rows)).all())
@@ -135,23 +163,27 @@ class RowCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [R, kv_heads, Q, head_dim]
         b = self._binding
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if keys is None:  # the layer's first write: its buffers are made where and as it runs
+            self._make(layer_idx, key_states)
+            keys, values = self.keys[layer_idx], self.values[layer_idx]
+        rows, write_pos = b.on(keys.device)
         if b.fresh:  # write the rows' first slots, attend over the new tensors (no read back of the buffers)
             q = key_states.shape[2]
-            self.keys[layer_idx][b.rows, :, :q] = key_states.to(self.keys[layer_idx].dtype)
-            self.values[layer_idx][b.rows, :, :q] = value_states.to(self.values[layer_idx].dtype)
+            keys[rows, :, :q] = key_states.to(keys.dtype)
+            values[rows, :, :q] = value_states.to(values.dtype)
             return key_states, value_states
         if b.start is not None:  # one slice for the whole batch (a plain copy, no scatter)
             end = b.start + key_states.shape[2]
-            self.keys[layer_idx][:, :, b.start:end].copy_(key_states)
-            self.values[layer_idx][:, :, b.start:end].copy_(value_states)
+            keys[:, :, b.start:end].copy_(key_states)
+            values[:, :, b.start:end].copy_(value_states)
         else:
-            row_idx = b.rows[:, None].expand_as(b.write_pos)
-            self.keys[layer_idx][row_idx, :, b.write_pos] = key_states.transpose(1, 2).to(self.keys[layer_idx].dtype)
-            self.values[layer_idx][row_idx, :, b.write_pos] = value_states.transpose(1, 2).to(
-                self.values[layer_idx].dtype)
+            row_idx = rows[:, None].expand_as(write_pos)
+            keys[row_idx, :, write_pos] = key_states.transpose(1, 2).to(keys.dtype)
+            values[row_idx, :, write_pos] = value_states.transpose(1, 2).to(values.dtype)
         if b.all_rows or b.in_runs:  # views; a subset's attention reads its runs of them in place
-            return self.keys[layer_idx][:, :, :b.kv_len], self.values[layer_idx][:, :, :b.kv_len]
-        return self.keys[layer_idx][b.rows, :, :b.kv_len], self.values[layer_idx][b.rows, :, :b.kv_len]
+            return keys[:, :, :b.kv_len], values[:, :, :b.kv_len]
+        return keys[rows, :, :b.kv_len], values[rows, :, :b.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.lengths.max()) if self.lengths.numel() else 0

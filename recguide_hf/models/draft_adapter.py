@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .placement import all_reduce_sum, execution_device, is_plain, local_lora
+
 ADAPTER_DIR = "draft_lora"
 _PREFIX = "base_model.model."
 
@@ -47,16 +49,19 @@ class DraftAdapter(nn.Module):
         super().__init__()
         self.names = list(linears)
         self._linears = list(linears.values())  # a plain list: the model already owns these modules
+        # beside the layer each adapts: where it computes (an offloaded layer's weights sit on `meta`), full size (a
+        # tensor-parallel layer's slice of them is taken when routing: `placed_entries`)
         self.lora_A = nn.ParameterList(nn.Parameter(torch.empty(rank, m.in_features, dtype=m.weight.dtype,
-                                                                device=m.weight.device)) for m in self._linears)
+                                                                device=execution_device(m))) for m in self._linears)
         self.lora_B = nn.ParameterList(nn.Parameter(torch.zeros(m.out_features, rank, dtype=m.weight.dtype,
-                                                                device=m.weight.device)) for m in self._linears)
+                                                                device=execution_device(m))) for m in self._linears)
         for a in self.lora_A:  # PEFT's default init: A random, B zero, so a fresh adapter changes nothing
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.rank, self.alpha, self.target_modules = rank, alpha, list(target_modules)
         self._merged: list[torch.Tensor] | None = None
         self._merged_forwards: list | None = None
         self._stacked: list | None = None  # route's stacked `A`s per input group (frozen adapters only)
+        self._mergeable: bool | None = None  # decided once: where the layers' weights sit is fixed at loading
 
     @property
     def scaling(self) -> float:
@@ -68,8 +73,14 @@ class DraftAdapter(nn.Module):
 
     def merged_weights(self) -> list[torch.Tensor] | None:
         """`W + scaling * B A` per adapted layer for draft forwards; None while the adapter is being trained
-        (gradients must reach A and B, so the hooks are used then)."""
-        if any(p.requires_grad for p in self.parameters()):
+        (gradients must reach A and B, so the hooks are used then) or where a layer's `W` is not a plain tensor
+        where it runs (a tensor-parallel shard, an offloaded layer's `meta` weight: the hooks add the delta), and on
+        a model whose layers sit on several devices (one that did not fit one device has no room for a second copy
+        of its adapted weights)."""
+        if self._mergeable is None:
+            self._mergeable = (all(is_plain(m) for m in self._linears)
+                               and len({m.weight.device for m in self._linears}) == 1)
+        if not self._mergeable or any(p.requires_grad for p in self.parameters()):
             self._merged = self._merged_forwards = None
             return None
         if self._merged is None or self._merged[0].device != self._linears[0].weight.device:
@@ -109,6 +120,24 @@ class PeftLayers:
                 if name in m.lora_A:
                     out.append((m.base_layer, m.lora_A[name].weight, m.lora_B[name].weight, m.scaling[name]))
         return out
+
+
+def placed_entries(adapter) -> list:
+    """(linear, A, B, scaling, group) per adapted layer, each as the slice of its layer this process holds needs it
+    (`placement.local_lora`; group: the ranks whose `A x` products are summed, None where nothing is). On one device:
+    `entries()` as they are, with no group."""
+    entries = adapter.entries()
+    sharded = getattr(adapter, "_sharded", None)
+    if sharded is None:  # decided when the model was loaded: checked once
+        sharded = adapter._sharded = any(not is_plain(m) and m.weight.device.type != "meta" for m, *_ in entries)
+    if not sharded:
+        return [(*e, None) for e in entries]
+    if getattr(adapter, "_local", None) is None:
+        if any(a.requires_grad or b.requires_grad for _, a, b, _ in entries):
+            raise NotImplementedError("Training a drafting adapter on a tensor-parallel model is not supported")
+        local = [(m, local_lora(m, a, b), scaling) for m, a, b, scaling in entries]
+        adapter._local = [(m, a, b, scaling, group) for m, (a, b, group), scaling in local]
+    return adapter._local
 
 
 def peft_lora_layers(module) -> list:
@@ -174,8 +203,8 @@ def route(adapter, draft_mask: torch.Tensor | int | None, peft_layers: list = ()
                     linear.__dict__["forward"] = forward
         elif adapter is not None and draft_mask is not None:
             select = None if every else draft_mask[:, :, None]
-            for linear, a, b, scaling in adapter.entries():
-                hook = _delta_hook(a, b, scaling, select)
+            for linear, a, b, scaling, group in placed_entries(adapter):
+                hook = _delta_hook(a, b, scaling, select, group)
                 handles.append(linear.register_forward_hook(hook))
         yield
     finally:
@@ -225,7 +254,7 @@ def _suffix_forwards(adapter, start: int) -> list:
     read one input tensor (`input_groups`) share one `A` product: with `A_cat` = their `A`s stacked, whichever
     member runs first on an input computes `x[:, start:] @ A_cat^T` and the others take their `r` columns of it, as
     long as they are called on that very tensor (checked by identity; otherwise a member computes it anew)."""
-    entries = adapter.entries()
+    entries = placed_entries(adapter)
     frozen = isinstance(adapter, DraftAdapter) and not any(p.requires_grad for p in adapter.parameters())
     stacked = adapter._stacked if frozen else None  # frozen: stacked once (like the merged weights); training: anew
     if stacked is None or stacked[0][1].device != entries[0][1].device:
@@ -239,19 +268,21 @@ def _suffix_forwards(adapter, start: int) -> list:
     out = []
     for group, a_cat in stacked:
         shared, offset = _Shared(), 0
-        for i in group:
-            linear, a, b, scaling = entries[i]
-            out.append((linear, _suffix_forward(linear, a_cat, offset, a.shape[0], b, scaling, start, shared)))
+        for i in group:  # siblings on one input are sharded alike: the first one's ranks sum the group's product
+            linear, a, b, scaling, _ = entries[i]
+            out.append((linear, _suffix_forward(linear, a_cat, offset, a.shape[0], b, scaling, start, shared,
+                                                entries[group[0]][4])))
             offset += a.shape[0]
     return out
 
 
 def _suffix_forward(linear: nn.Linear, a_cat: torch.Tensor, offset: int, rank: int, b: torch.Tensor,
-                    scaling: float, start: int, shared: _Shared):
+                    scaling: float, start: int, shared: _Shared, ranks=None):
     """The linear's forward plus the delta on the tokens from column `start` on only (the engine's branch segments
     sit after the verifier tokens): the small matmuls run on those tokens alone and the verifier tokens' output is
     not touched. `a_cat` rows `offset : offset + rank` are this layer's `A`; the product with them is shared with
-    its input group (`_suffix_forwards`). Under no_grad the `B` product is added in place in one op (`addmm_` /
+    its input group (`_suffix_forwards`); `ranks`: the process group that sums it (a row-wise tensor-parallel layer's
+    partial product: `placement.local_lora`). Under no_grad the `B` product is added in place in one op (`addmm_` /
     `baddbmm_` into the output's draft columns) where the dtypes agree.
 
     An instance-level forward rather than a forward hook: a hooked module's call takes torch's slow path. (Why
@@ -264,6 +295,8 @@ def _suffix_forward(linear: nn.Linear, a_cat: torch.Tensor, offset: int, rank: i
         y = base(x)
         if shared.x is not x:
             shared.x, shared.h = x, F.linear(x[:, start:].to(a_cat.dtype), a_cat)
+            if ranks is not None:
+                all_reduce_sum(shared.h, ranks)
         h = shared.h if whole else shared.h.narrow(-1, offset, rank)
         if torch.is_grad_enabled():
             delta = F.linear(h, b)
@@ -279,10 +312,13 @@ def _suffix_forward(linear: nn.Linear, a_cat: torch.Tensor, offset: int, rank: i
     return forward
 
 
-def _delta_hook(a: torch.Tensor, b: torch.Tensor, scaling: float, select: torch.Tensor | None):
+def _delta_hook(a: torch.Tensor, b: torch.Tensor, scaling: float, select: torch.Tensor | None, ranks=None):
     def hook(module, args, output):
         x = args[0]
-        delta = F.linear(F.linear(x.to(a.dtype), a), b) * scaling
+        h = F.linear(x.to(a.dtype), a)
+        if ranks is not None:  # a row-wise tensor-parallel layer: every rank's partial product, summed
+            all_reduce_sum(h, ranks)
+        delta = F.linear(h, b) * scaling
         adapted = output + delta.to(output.dtype)
         return adapted if select is None else torch.where(select.to(output.device), adapted, output)
     return hook
@@ -344,3 +380,16 @@ def attach_draft_adapter(model, directory: str | Path) -> DraftAdapter:
     adapter.requires_grad_(False)
     model.draft_adapter = adapter
     return adapter
+
+
+def attach_adapter(model: nn.Module, folder, placed: bool):
+    """A PEFT LoRA folder (NLD's drafting LoRA) on `model`: as a `PeftModel` on one device; on a model placed past one
+    device (`placed`: a device map or tensor parallel) as the model's own drafting adapter (`draft_adapter.py`, the
+    same LoRA maths and file format), whose weights sit where each layer computes and are sliced with a sharded
+    layer. (PEFT re-dispatches a model with offloaded layers and offloads the LoRA weights with them.)"""
+    if not placed:
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, folder)
+    attach_draft_adapter(model, folder)
+    return model

@@ -14,6 +14,7 @@ from .attention import ROW_RUNS
 from .cache import RowCache
 from .compat import CACHE_KW
 from .draft_adapter import find_adapter, route
+from .placement import agree_max, device_map_of, input_device, tp_group
 
 
 class HFBackbone(Backbone):
@@ -42,10 +43,28 @@ class HFBackbone(Backbone):
         if self.mask_token_id is None:
             raise ValueError("The model's config has no `mask_token_id`; pass mask_token_id= to use it for drafting")
         self.adapter, self.lora_layers = find_adapter(model)
+        self._placed(model)
+
+    def _placed(self, model):
+        """Where the model runs, past one device: its tensor-parallel group and `spread` (placement.py)."""
+        self.tp_group = tp_group(model)
+        placed = device_map_of(model)
+        if self.tp_group is not None:
+            self.spread = f"tensor-parallel over {self.tp_group.size()} ranks"
+        elif placed is not None:
+            self.spread = f"placed by a device map over {sorted({str(d) for d in placed.values()})}"
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model takes its inputs (a model placed by accelerate: where its embeddings run)."""
+        return input_device(self.model)
+
+    def agree(self, values: list[float]) -> list[float]:
+        return values if self.tp_group is None else agree_max(values, self.tp_group, self.device)
 
     def new_cache(self, num_rows: int, capacity: int) -> RowCache:
-        """A per-row-length KV cache shaped for this model's attention layers."""
-        cache = RowCache.for_model(self.model, num_rows, capacity)
+        """A per-row-length KV cache; each layer's buffers are made where the layer runs, at its head count."""
+        cache = RowCache.for_model(self.model, num_rows, capacity, self.device)
         cache.row_runs = self.row_runs and self._sdpa_everywhere()
         return cache
 

@@ -33,6 +33,7 @@ import torch
 from .cache import RowCache
 from .draft_adapter import find_adapter
 from .hf_backbone import HFBackbone
+from .placement import execution_device
 
 
 def bridge_mask_builders(module) -> None:
@@ -52,6 +53,20 @@ def bridge_mask_builders(module) -> None:
 
         build._recguide_bridge = True
         setattr(module, name, build)
+
+
+def nld_tp_plan() -> dict[str, str]:
+    """The tensor-parallel plan of an NLD model (`from_pretrained(..., tp_plan=nld_tp_plan())` under `torchrun`):
+    its encoder's decoder layers as transformers shards Ministral3's (attention heads and MLP columns split, the
+    second projection of each summed across ranks); the embeddings and `diffusion_head` stay whole on every rank,
+    so the logits every rank reads are the same numbers. The drafting LoRA on `o_proj` is sliced with the layer
+    (`placement.local_lora`)."""
+    plan = {}
+    for name, style in (("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"),
+                        ("self_attn.v_proj", "colwise"), ("self_attn.o_proj", "rowwise"),
+                        ("mlp.gate_proj", "colwise"), ("mlp.up_proj", "colwise"), ("mlp.down_proj", "rowwise")):
+        plan[f"encoder.layers.*.{name}"] = style
+    return plan
 
 
 def is_nld_model(model) -> bool:
@@ -108,12 +123,17 @@ class NLDBackbone(HFBackbone):
         # the llama-4 query scale: 1 below this position, position-dependent from it on (None: not scaled)
         self._llama4_from = rope.get("original_max_position_embeddings") if rope.get("llama_4_scaling_beta") else None
         self.adapter, self.lora_layers = find_adapter(model)
+        self._placed(model)
         self._keep_flags_causal()
 
     # ------------------------------------------------------------------ facts
     @property
     def device(self) -> torch.device:
-        return self.encoder.embed_tokens.weight.device
+        device = execution_device(self.encoder.embed_tokens)
+        if device.type == "meta":
+            raise ValueError("The encoder's embeddings are on the meta device with no accelerate hook to run them: "
+                             "load the model with from_pretrained(..., device_map=...)")
+        return device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -128,12 +148,8 @@ class NLDBackbone(HFBackbone):
         return self.head.out_features
 
     def new_cache(self, num_rows: int, capacity: int) -> RowCache:
-        devices = {p.device for p in self.encoder.parameters()}
-        if len(devices) > 1:
-            raise NotImplementedError(f"The encoder is spread over several devices ({sorted(map(str, devices))}); "
-                                      "the row cache keeps every layer on one device. Load the model on one device "
-                                      "(e.g. device_map={'': 0})")
-        return RowCache.for_model(self.encoder, num_rows, capacity)
+        """A per-row-length KV cache; each layer's buffers are made where the layer runs, at its head count."""
+        return RowCache.for_model(self.encoder, num_rows, capacity, self.device)
 
     # ------------------------------------------------------------------ the forward
     def _forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep):
@@ -148,7 +164,9 @@ class NLDBackbone(HFBackbone):
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        return self.head(hidden)
+        # where the engine's tensors are: a device map may put the head on another device, and the encoder and head
+        # are called here one by one, past the hook that brings a placed model's outputs back (no copy on one device)
+        return self.head(hidden).to(self.device)
 
     def _cache_position(self, position_ids: torch.Tensor) -> torch.Tensor:
         """What NLD's attention reads per token: the token's position (slot = position in the row cache).

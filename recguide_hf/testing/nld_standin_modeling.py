@@ -88,9 +88,11 @@ class NLDStandInAttention(nn.Module):
 
     def project(self, hidden, cos, sin, cache_position, past_key_values, use_cache):
         b, q_len, _ = hidden.shape
-        q = self.q_proj(hidden).view(b, q_len, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, Q, hd]
-        k = self.k_proj(hidden).view(b, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden).view(b, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # heads from the projections' widths, as Ministral3's attention reads them (a tensor-parallel rank holds a
+        # slice of the heads)
+        q = self.q_proj(hidden).view(b, q_len, -1, self.head_dim).transpose(1, 2)  # [B, H, Q, hd]
+        k = self.k_proj(hidden).view(b, q_len, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden).view(b, q_len, -1, self.head_dim).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         rope = self.config.rope_parameters
         q = q * llama_4_attn_scale(cache_position, rope["llama_4_scaling_beta"],
@@ -124,22 +126,33 @@ class NLDStandInFlexAttention(NLDStandInAttention):
         return self.o_proj(out.transpose(1, 2).reshape(hidden.shape[0], hidden.shape[1], -1))
 
 
+class NLDStandInMLP(nn.Module):
+    def __init__(self, config: NLDStandInConfig):
+        super().__init__()
+        d, m = config.hidden_size, config.intermediate_size
+        self.gate_proj, self.up_proj = nn.Linear(d, m, bias=False), nn.Linear(d, m, bias=False)
+        self.down_proj = nn.Linear(m, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class NLDStandInLayer(nn.Module):
+    """Ministral3's decoder layer layout: `self_attn`, `mlp`, two norms."""
+
     def __init__(self, config: NLDStandInConfig, layer_idx: int):
         super().__init__()
         attn = NLDStandInFlexAttention if config.dlm_paradigm == "block_diff" else NLDStandInAttention
         self.self_attn = attn(config, layer_idx)
-        d, m = config.hidden_size, config.intermediate_size
-        self.gate_proj, self.up_proj = nn.Linear(d, m, bias=False), nn.Linear(d, m, bias=False)
-        self.down_proj = nn.Linear(m, d, bias=False)
+        self.mlp = NLDStandInMLP(config)
+        d = config.hidden_size
         self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
 
     def forward(self, hidden, cos, sin, mask, cache_position, past_key_values, use_cache):
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, mask, cache_position,
                                          past_key_values, use_cache)
-        x = self.post_attention_layernorm(hidden)
-        return hidden + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class NLDStandInEncoder(nn.Module):
@@ -154,7 +167,8 @@ class NLDStandInEncoder(nn.Module):
 
     def rotary(self, position_ids: torch.Tensor):
         hd = self.config.head_dim
-        inv_freq = 1.0 / (self.config.rope_parameters["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
+        exponents = torch.arange(0, hd, 2, device=position_ids.device).float() / hd
+        inv_freq = 1.0 / (self.config.rope_parameters["rope_theta"] ** exponents)
         freqs = position_ids[..., None].float() * inv_freq  # [B, Q, hd/2]
         emb = torch.cat([freqs, freqs], -1)[:, None]  # [B, 1, Q, hd]
         return emb.cos(), emb.sin()
@@ -192,6 +206,7 @@ class NLDStandInModel(PreTrainedModel):
     config_class = NLDStandInConfig
     base_model_prefix = "encoder"
     _supports_sdpa = True
+    _no_split_modules = ["NLDStandInLayer"]  # a device map keeps a decoder layer whole (Ministral3's rule)
 
     def __init__(self, config: NLDStandInConfig):
         super().__init__(config)
@@ -228,15 +243,16 @@ class NLDStandInModel(PreTrainedModel):
         eos = self.config.eos_token_id if eos_token_id is None else eos_token_id
         self.set_diffusion_lm(False)
         cache, n = DynamicCache(), prompt_ids.shape[1]
-        out = self.encoder(input_ids=prompt_ids, position_ids=torch.arange(n)[None], past_key_values=cache,
-                           use_cache=True, cache_position=torch.arange(n))
+        where = prompt_ids.device
+        out = self.encoder(input_ids=prompt_ids, position_ids=torch.arange(n, device=where)[None],
+                           past_key_values=cache, use_cache=True, cache_position=torch.arange(n, device=where))
         ids, nfe = prompt_ids, 1
         for step in range(max_new_tokens):
             nxt = self.diffusion_head(out.last_hidden_state[:, -1]).argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], 1)
             if int(nxt) == eos or step == max_new_tokens - 1:
                 break
-            pos = torch.tensor([n + step])
+            pos = torch.tensor([n + step], device=where)
             out = self.encoder(input_ids=nxt, position_ids=pos[None], past_key_values=cache, use_cache=True,
                                cache_position=pos)
             nfe += 1

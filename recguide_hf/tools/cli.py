@@ -66,17 +66,33 @@ def token_ids_arg(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected token ids like 1,2,3, got {value!r}")
     return ids
 
+def device_map_arg(value: str) -> str | dict:
+    if value in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return value
+    try:
+        placed = json.loads(value)
+    except json.JSONDecodeError:
+        placed = None
+    if not isinstance(placed, dict):
+        raise argparse.ArgumentTypeError('expected "auto", "balanced", "balanced_low_0", "sequential" or a JSON '
+                                         f"object, got {value!r}")
+    return placed
+
+
 # the hf-assisted peer's draft model lives in a source checkout only (it is a benchmark peer, not shipped)
 ASSISTANT = Path("model_cards") / "recguide-tiny-assistant"
 
 
 def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu", adapter: str | None = None,
-         with_tokenizer: bool = True, **model_kwargs):
+         with_tokenizer: bool = True, device_map: str | dict | None = None, offload_folder: str | None = None,
+         tp: bool = False, **model_kwargs):
     """Tokenizer and model from a folder (default: the bundled recguide-tiny), offline, trust_remote_code.
 
     `adapter`: a PEFT adapter folder (NLD's drafting LoRA) attached on top; the engine routes it to draft
-    tokens only, so the verifier still runs the base weights. `model_kwargs` go to `from_pretrained`
-    (e.g. `draft_adapter=False`: the bundled model without its drafting adapter)."""
+    tokens only, so the verifier still runs the base weights. `device_map` (with `offload_folder` for layers it
+    puts on "disk"): accelerate places the model instead of `device`; `tp`: shard it over this `torchrun` job's
+    ranks (tensor parallel; NLD folders by `nld_tp_plan`). `model_kwargs` go to `from_pretrained` (e.g.
+    `draft_adapter=False`: the bundled model without its drafting adapter)."""
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -88,16 +104,25 @@ def load(model_dir: str | Path | None, dtype: str = "auto", device: str = "cpu",
     auto_map = getattr(AutoConfig.from_pretrained(path, trust_remote_code=True), "auto_map", None) or {}
     # NLD-style folders register only AutoModel (encoder + diffusion head, no causal-LM class)
     auto_class = AutoModel if auto_map and "AutoModelForCausalLM" not in auto_map else AutoModelForCausalLM
-    model = auto_class.from_pretrained(path, trust_remote_code=True, dtype=torch_dtype, **model_kwargs)
+    placed = {}
+    if tp:
+        from ..models.nld import nld_tp_plan
+        from ..models.placement import tensor_parallel_kwargs
+        placed = tensor_parallel_kwargs(nld_tp_plan() if auto_class is AutoModel else "auto")
+    elif device_map is not None:
+        placed = {"device_map": device_map, **({"offload_folder": offload_folder} if offload_folder else {})}
+    model = auto_class.from_pretrained(path, trust_remote_code=True, dtype=torch_dtype, **placed, **model_kwargs)
     if adapter:
         try:
-            from peft import PeftModel
+            import peft  # noqa: F401
         except ImportError as err:
             raise SystemExit("--adapter needs the `peft` package (pip install peft)") from err
         if not Path(adapter).exists():
             raise SystemExit(f"Adapter folder {adapter} not found")
-        model = PeftModel.from_pretrained(model, adapter)
-    return tokenizer, model.to(device).eval()
+        from ..models.draft_adapter import attach_adapter
+
+        model = attach_adapter(model, adapter, placed=bool(placed))
+    return tokenizer, (model if placed else model.to(device)).eval()
 
 
 def check_generate(args, parser) -> None:
@@ -117,13 +142,17 @@ def cmd_generate(args) -> int:
 
     import recguide_hf
 
+    from ..models.registry import as_backbone
+
     folder = Path(args.model) if args.model else BUNDLED_MODEL
-    tokenizer, model = load(args.model, args.dtype, args.device, args.adapter, with_tokenizer=has_tokenizer(folder))
+    tokenizer, model = load(args.model, args.dtype, args.device, args.adapter, with_tokenizer=has_tokenizer(folder),
+                            device_map=args.device_map, offload_folder=args.offload_folder, tp=args.tp)
+    device = as_backbone(model).device  # where the model takes its inputs (placed by a device map: its embeddings')
     if args.prompt_ids is not None:
-        ids = torch.tensor([args.prompt_ids], device=args.device)
+        ids = torch.tensor([args.prompt_ids], device=device)
         enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     else:
-        enc = tokenizer([args.prompt], return_tensors="pt").to(args.device)
+        enc = tokenizer([args.prompt], return_tensors="pt").to(device)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, recguide_mode=args.mode,
                   return_dict_in_generate=True)
     if args.block_size:
@@ -143,6 +172,8 @@ def cmd_generate(args) -> int:
     stats = getattr(out, "recguide_stats", None) or {"new_tokens": int(new.numel())}
     stats = {k: v for k, v in stats.items() if k != "per_request"}
     stats["tokens_per_s"] = stats["new_tokens"] / elapsed if elapsed > 0 else 0.0
+    if args.tp and torch.distributed.get_rank() != 0:  # every rank decoded the same tokens: rank 0 prints them
+        return 0
     if args.json:  # `text`: the new text only; `prompt` beside it (the plain output prints prompt + text)
         prompt = args.prompt if args.prompt_ids is None else args.prompt_ids
         print(json.dumps({"mode": args.mode, "prompt": prompt, "text": text, "new_ids": new.tolist(),
@@ -435,6 +466,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     g.add_argument("--device", default="cpu")
+    place = g.add_mutually_exclusive_group()
+    place.add_argument("--device-map", type=device_map_arg, default=None,
+                       help='place the model with accelerate instead of --device: "auto", "balanced", "sequential" '
+                            'or a JSON object {"module": device} ("disk" needs --offload-folder)')
+    place.add_argument("--tp", action="store_true",
+                       help="tensor parallel over this torchrun job's ranks: torchrun --nproc-per-node N -m "
+                            "recguide_hf generate --tp ... (rank 0 prints)")
+    g.add_argument("--offload-folder", default=None, help="where --device-map puts layers it offloads to disk")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     g.add_argument("--compile", action="store_true",
                    help="run the backbone's forward through torch.compile (recguide_compile; the first call compiles "
