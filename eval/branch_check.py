@@ -145,7 +145,7 @@ def break_even_without_routing(result: dict) -> float:
 
 
 def markdown(payload: dict) -> str:
-    """The table README's "How it works" shows (eval/update_readme.py)."""
+    """The table docs/how-it-works.md shows (eval/update_readme.py)."""
     lines = ["| C | B | hits: correction 1 / 2 / continuation | segments per row | coverage | break-even coverage "
              "(without routing) | extra verify ms (routing) | draft ms | branches / LinearSS | same output |",
              "|---|---|---|---|---|---|---|---|---|---|"]

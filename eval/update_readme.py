@@ -1,6 +1,11 @@
-"""Refresh README.md's results section from the files the runs wrote (nothing typed by hand).
+"""Refresh the measured blocks of README.md and the documentation pages from the files the runs wrote (nothing
+typed by hand).
 
     python eval/update_readme.py
+
+Each block stands between its `<!-- name:start -->` / `<!-- name:end -->` markers, on whichever page holds them
+(README.md, docs/*.md): README has the headline (speed sentence, one table, one plot); the rest lives in the docs
+pages (Results, Serving, How it works, Using generate, lm-eval).
 
 The prose of every block is a Markdown template in eval/readme/ (Jinja2); this script reads the results files and
 fills them.
@@ -369,9 +374,32 @@ def virtual_section(path: Path) -> list[str]:
                   mean=sum(ratios[c] for c in rest) / len(rest) if rest else None).split("\n") + [""]
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # where the blocks' markers may stand
+HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
+
+
+def headline(bench: dict) -> str:
+    """README's one table and one plot: recguide against the fastest other method of the latest bench, per C."""
+    from recguide_hf.tools.bench import fastest_other_table
+
+    table, _ = fastest_other_table(bench)
+    return render("headline.md", env=bench["environment"], table=Raw(table))
+
+
+def place(blocks: list[tuple[tuple[str, str], str, str]], pages: list[Path] = PAGES) -> dict[Path, str]:
+    """Each block (markers, body, separator) written between its markers on every page that has them; a block whose
+    markers stand on no page is an error (a page was renamed or its markers lost). Returns the pages' new texts."""
+    texts = {page: page.read_text() for page in pages if page.exists()}
+    for markers, body, sep in blocks:
+        homes = [page for page, text in texts.items() if markers[0] in text]
+        if not homes:
+            raise SystemExit(f"no page holds the {markers[0]} marker")
+        for page in homes:
+            texts[page] = replace_between(texts[page], markers, body, sep)
+    return texts
+
+
 def main():
-    readme = ROOT / "README.md"
-    text = readme.read_text()
     res = ROOT / "eval" / "results"
     context = {"bench": None, "virtual": None, "rho": None, "engine": None, "parity": None, "card": None}
     if (res / "bench.md").exists():
@@ -389,6 +417,7 @@ def main():
         context["rho_table"] = Raw(markdown_table(context["rho"]))
     if (res / "engine.json").exists():
         context["engine"] = Raw("\n".join(engine_section(res / "engine.json")))
+    blocks = []
     parity = res / "lm_eval_parity.json"
     if parity.exists():
         from lm_eval_parity import table
@@ -396,8 +425,7 @@ def main():
         report = json.loads(parity.read_text())
         mode = next(m for m in report["gen_kwargs"] if m != "ar")
         context["parity"] = Raw(render("parity.md", report=report, mode=mode, table=Raw(table(report, mode))))
-        docs = ROOT / "docs" / "lm_eval.md"
-        docs.write_text(replace_between(docs.read_text(), PARITY, context["parity"]))
+        blocks.append((PARITY, context["parity"], "\n"))
     card = BUNDLED / "eval_results.json"
     if card.exists():
         r = json.loads(card.read_text())
@@ -407,23 +435,19 @@ def main():
             "taus": ", ".join(f"B={k.split('_B')[1]}: {v['tau']:.2f}" for k, v in he.items()
                               if k.startswith("humaneval")),
             "distinct4": he["humaneval_B16"]["distinct4"]}
-    lines = [START, render("results.md", **context), "", END]
-    block = "\n".join(lines)
-    head, rest = text.split(START, 1)
-    text = head + block + rest.split(END, 1)[1]
+    blocks.append(((START, END), render("results.md", **context) + "\n", "\n"))
     if (res / "bench.json").exists():
         bench = json.loads((res / "bench.json").read_text())
-        text = replace_between(text, SPEED, speed_sentence(bench))
-        text = replace_between(text, COMPILE, compile_note(bench), sep="")
-    text = replace_between(text, ROUND, round_table(res))
-    text = replace_between(text, COMPILED_ROUND, compiled_round_table(res))
-    text = replace_between(text, SERVE, serve_table(res))
-    text = replace_between(text, BRANCHES, branch_table(res))
-    text = replace_between(text, ("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), sep="")
-    text = replace_between(text, SERVING, serving_results(res))
-    text = replace_between(text, POLICY, policy_table(res))
-    readme.write_text(text)
-    print("README results section updated")
+        blocks += [(SPEED, speed_sentence(bench), "\n"), (HEADLINE, headline(bench), "\n"),
+                   (COMPILE, compile_note(bench), "")]
+    blocks += [(ROUND, round_table(res), "\n"), (COMPILED_ROUND, compiled_round_table(res), "\n"),
+               (SERVE, serve_table(res), "\n"), (BRANCHES, branch_table(res), "\n"),
+               (("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), ""),
+               (SERVING, serving_results(res), "\n"), (POLICY, policy_table(res), "\n")]
+    for page, text in place(blocks).items():
+        if text != page.read_text():
+            page.write_text(text)
+            print(f"updated {page.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

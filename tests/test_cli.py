@@ -49,3 +49,13 @@ def test_profile_writes_into_a_folder_it_makes(tmp_path):
     costs = json.loads(out.read_text())["costs"]
     assert sorted(costs) == ["1", "2"] and sorted(costs["2"]) == ["1", "2"]
     assert costs["2"]["2"]["draft"] > 0 and costs["2"]["1"]["draft"] == 0  # B = 1 is a plain step: no draft
+
+
+def test_busy_hint_only_where_torch_threads_would_share_the_cores():
+    from recguide_hf.tools.cli import busy_hint
+
+    assert busy_hint(load=0.1, cores=2, threads=2) is None  # an idle machine
+    assert busy_hint(load=3.0, cores=2, threads=1) is None  # one thread already
+    hint = busy_hint(load=1.0, cores=2, threads=2)  # one busy process beside torch's two threads
+    assert hint is not None and "OMP_NUM_THREADS=1" in hint and "load 1.0 on 2 cores" in hint
+    assert busy_hint(load=0.4, cores=16, threads=16) is None

@@ -59,8 +59,11 @@ class Backbone:
         """Logits `[R, Q, V]` (or the last `logits_to_keep` positions).
 
         Args:
-            input_ids, position_ids: [R, Q]; attention_mask: [R, 1, Q, KV] additive, or None for a one-token
-                step over unpadded rows of one length (`unmasked_steps`);
+            input_ids: [R, Q] token ids.
+            position_ids: [R, Q] each token's position.
+            attention_mask: [R, 1, Q, KV] additive, or None for a one-token step over unpadded rows of one length
+                (`unmasked_steps`).
+            cache: the row cache (`new_cache`), bound to this forward's rows.
             draft_mask: which tokens are computed in draft mode (the drafting adapter, if any, applies exactly
                 there): None: none; an int k: columns k.. of every row (0: every token, a draft forward); a
                 [R, Q] bool tensor: exactly its True places. Never a Python bool (`True == 1`). The attention

@@ -39,7 +39,7 @@ active request) with the most expected tokens per second, `sum_r V_B_r(s_r, z_r)
   B scales every plan's time alike). `u` (`recguide_online_optimism`, 0.03) is optimism for what has not been
   measured: a size within ~3% of the best gets tried and is then read as measured, while a size the table
   prices far worse is never tried. `prior` (`recguide_online_prior`, 8 rounds) is the table's weight. The
-  defaults come from a sweep on the bundled model (README): the measured relative prices stayed within a
+  defaults come from a sweep on the bundled model (docs/how-it-works.md): the measured relative prices stayed within a
   few percent of the table's, and larger optimism (0.1, prior 16) made near-tied sizes alternate and cost
   up to 10% at C = 16. `generate` keeps these prices on the model from call to call (short calls then
   learn from the earlier ones); each `recguide bench` run starts afresh.

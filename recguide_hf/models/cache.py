@@ -50,8 +50,9 @@ class RowCache(Cache):
     """Per-layer key/value buffers `[rows, kv_heads, capacity, head_dim]`, each made where its layer runs.
 
     Args:
-        num_layers, num_rows, capacity: the cache's geometry; `capacity` bounds longest prompt + new tokens + the
-            widest query of a round.
+        num_layers: decoder layers (each gets its buffers at its first write).
+        num_rows: request rows.
+        capacity: slots per row: it bounds longest prompt + new tokens + the widest query of a round.
         device: where the per-forward bookkeeping (rows, write slots) is made: the device the model takes its
             inputs on.
 

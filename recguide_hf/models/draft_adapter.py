@@ -42,7 +42,9 @@ class DraftAdapter(nn.Module):
 
     Args:
         linears: {module name: the model's Linear} to adapt (held by reference, not registered here).
-        rank, alpha: LoRA rank r and alpha (scaling = alpha / r, as PEFT's default).
+        rank: LoRA rank r.
+        alpha: LoRA alpha (scaling = alpha / r, as PEFT's default).
+        target_modules: the module names the adapter targets (as PEFT's config lists them).
     """
 
     def __init__(self, linears: dict[str, nn.Linear], rank: int, alpha: float, target_modules: list[str]):

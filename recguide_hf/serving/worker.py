@@ -64,7 +64,7 @@ class _Request:
 
 @dataclass
 class WorkerLimits:
-    """What the worker accepts (documented in the README's Serving section)."""
+    """What the worker accepts (documented in docs/serving.md)."""
 
     slots: int = 16  # requests decoding at once per sampling setting (rows of the KV cache)
     max_waiting: int = 64  # requests queued beyond the running ones before `submit` refuses

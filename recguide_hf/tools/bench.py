@@ -623,7 +623,7 @@ def against_fastest_other(rows: list[dict], method: str = "recguide",
     bases), or None where either is missing. `best`, `ratio`: by the run's median aggregate tokens/s; `paired`: the
     ratios within each repeat (empty without per-repeat figures); `best_top`, `ratio_top`: by each method's best
     repeat; `best_priced`, `priced`: the fastest other engine method at table prices (`summarize`) and the ratio
-    there (None where the run has no table prices). `fastest_other_table` and the README (eval/update_readme.py)
+    there (None where the run has no table prices). `fastest_other_table` and the docs (eval/update_readme.py)
     both read it."""
     ours = next((r for r in rows if r["method"] == method), None)
     others = [r for r in rows if r["method"] != method and (peers is None or parse_method(r["method"])[0] in peers)]

@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="C in {1, 4}, 32 new tokens, 1 repeat (a smoke run)")
     b.add_argument("--out", default=None,
                    help="folder for bench.json, bench.md and the plots (default: a fresh runs/bench-<time>/; "
-                        "the committed results the README shows are regenerated with --out eval/results)")
+                        "the committed results docs/results.md shows are regenerated with --out eval/results)")
     b.add_argument("--device", default="cpu")
     b.add_argument("--arrivals", default=None, metavar="SPEC",
                    help="an open loop: requests arrive by a seeded trace, poisson:RATE,N or bursty:LOW,HIGH,SECONDS "
@@ -564,7 +564,56 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve, check=check_serve, subparser=s)
+
+    d = sub.add_parser("docs", help="serve this documentation site locally (from a clone, with the docs extra)")
+    d.add_argument("--port", type=positive, default=8000)
+    d.add_argument("--build", action="store_true", help="build it strictly into site/ instead of serving it")
+    d.set_defaults(func=cmd_docs)
     return parser
+
+
+def busy_hint(load: float, cores: int, threads: int) -> str | None:
+    """A one-line hint when torch's threads would share the cores with other work: the machine's load (the 1-minute
+    average, mostly other processes when a command starts) plus torch's threads exceed its cores by half a core or
+    more while torch uses more than one thread. Then every parallel region waits for a descheduled thread (on the
+    2-core CPU beside one busy process, `recguide generate` ran x1.6 to x2.1 faster with 1 thread than with 2; a
+    user saw x26 on a busier machine)."""
+    if threads <= 1 or load + threads < cores + 0.5:
+        return None
+    return (f"hint: this machine is busy (load {load:.1f} on {cores} cores) and torch uses {threads} threads; "
+            "OMP_NUM_THREADS=1 (one thread per process) is often much faster then")
+
+
+def _warn_if_busy() -> None:
+    import os
+
+    if "OMP_NUM_THREADS" in os.environ or not hasattr(os, "getloadavg"):
+        return
+    import torch
+
+    hint = busy_hint(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
+    if hint:
+        print(hint, file=sys.stderr)
+
+
+def cmd_docs(args) -> int:
+    """Serve (or build) this documentation site from a clone: `mkdocs serve` / `mkdocs build --strict`."""
+    import subprocess
+
+    config = Path(__file__).resolve().parents[2] / "mkdocs.yml"
+    if not config.exists():
+        raise SystemExit("recguide docs needs a clone of the repository (its mkdocs.yml); the installed package has "
+                         "no documentation sources")
+    try:
+        import mkdocs  # noqa: F401
+    except ImportError as err:
+        raise SystemExit('recguide docs needs the docs extra: pip install -e ".[docs]"') from err
+    cmd = ([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config)] if args.build else
+           [sys.executable, "-m", "mkdocs", "serve", "-f", str(config), "-a", f"127.0.0.1:{args.port}"])
+    return subprocess.call(cmd)
+
+
+TORCH_COMMANDS = ("generate", "profile", "calibrate", "bench", "serve")  # where torch's threads decode
 
 
 def main(argv=None) -> int:
@@ -573,6 +622,8 @@ def main(argv=None) -> int:
     if getattr(args, "check", None):
         args.check(args, args.subparser)
     args.command_line = "recguide " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.command in TORCH_COMMANDS:
+        _warn_if_busy()
     return args.func(args)
 
 

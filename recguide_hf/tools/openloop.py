@@ -8,7 +8,7 @@ Traces (arrival times in seconds, seeded; the run writes the one it used to `tra
 * `poisson:RATE,N`: N requests, exponential gaps at RATE per second;
 * `bursty:LOW,HIGH,SECONDS`: a Poisson process whose rate holds at LOW, climbs to HIGH, holds, falls back to LOW
   and holds (quarters, eighths, a quarter, an eighth, a quarter of SECONDS), so requests in flight swing from about
-  one to many and back within one run (the rates that do that depend on the hardware's speed: see the README).
+  one to many and back within one run (the rates that do that depend on the hardware's speed: see docs/serving.md).
 
 Methods: engine methods (`linear-N`, `recguide...`; `linear-1` is the engine's plain decoding steps, i.e. plain
 autoregressive decoding in the same continuous batching) run in the engine's requests-as-they-come interface,
