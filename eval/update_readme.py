@@ -399,7 +399,8 @@ def place(blocks: list[tuple[tuple[str, str], str, str]], pages: list[Path] = PA
     return texts
 
 
-def main():
+def blocks() -> list[tuple[tuple[str, str], str, str]]:
+    """Every measured block: (its markers, its text, the separator around it), from the results files."""
     res = ROOT / "eval" / "results"
     context = {"bench": None, "virtual": None, "rho": None, "engine": None, "parity": None, "card": None}
     if (res / "bench.md").exists():
@@ -417,7 +418,7 @@ def main():
         context["rho_table"] = Raw(markdown_table(context["rho"]))
     if (res / "engine.json").exists():
         context["engine"] = Raw("\n".join(engine_section(res / "engine.json")))
-    blocks = []
+    out = []
     parity = res / "lm_eval_parity.json"
     if parity.exists():
         from lm_eval_parity import table
@@ -425,7 +426,7 @@ def main():
         report = json.loads(parity.read_text())
         mode = next(m for m in report["gen_kwargs"] if m != "ar")
         context["parity"] = Raw(render("parity.md", report=report, mode=mode, table=Raw(table(report, mode))))
-        blocks.append((PARITY, context["parity"], "\n"))
+        out.append((PARITY, context["parity"], "\n"))
     card = BUNDLED / "eval_results.json"
     if card.exists():
         r = json.loads(card.read_text())
@@ -435,16 +436,20 @@ def main():
             "taus": ", ".join(f"B={k.split('_B')[1]}: {v['tau']:.2f}" for k, v in he.items()
                               if k.startswith("humaneval")),
             "distinct4": he["humaneval_B16"]["distinct4"]}
-    blocks.append(((START, END), render("results.md", **context) + "\n", "\n"))
+    out.append(((START, END), render("results.md", **context) + "\n", "\n"))
     if (res / "bench.json").exists():
         bench = json.loads((res / "bench.json").read_text())
-        blocks += [(SPEED, speed_sentence(bench), "\n"), (HEADLINE, headline(bench), "\n"),
+        out += [(SPEED, speed_sentence(bench), "\n"), (HEADLINE, headline(bench), "\n"),
                    (COMPILE, compile_note(bench), "")]
-    blocks += [(ROUND, round_table(res), "\n"), (COMPILED_ROUND, compiled_round_table(res), "\n"),
+    out += [(ROUND, round_table(res), "\n"), (COMPILED_ROUND, compiled_round_table(res), "\n"),
                (SERVE, serve_table(res), "\n"), (BRANCHES, branch_table(res), "\n"),
                (("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), ""),
                (SERVING, serving_results(res), "\n"), (POLICY, policy_table(res), "\n")]
-    for page, text in place(blocks).items():
+    return out
+
+
+def main():
+    for page, text in place(blocks()).items():
         if text != page.read_text():
             page.write_text(text)
             print(f"updated {page.relative_to(ROOT)}")

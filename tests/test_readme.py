@@ -2,8 +2,9 @@
 clone, non-interactively, on the bundled model.
 
 Two kinds of block are not run here, each for a reason the test states and checks: installing (`pip install ...`:
-CI's own install, `.ci/run`, is what exercises it) and the test command (`python -m pytest -q tests`: it runs the
-suite this test is part of, in a clone). Every other block runs: Python blocks as a script, shell blocks through
+it would change the environment under test; CI installs the same package from a clone with the CPU torch first, by
+its own commands in `.ci/run`, not these lines) and the test command (`python -m pytest -q tests`: it runs the suite
+this test is part of, in a clone). Every other block runs: Python blocks as a script, shell blocks through
 bash, each in an empty folder with stdin closed.
 """
 
@@ -19,7 +20,7 @@ from recguide_hf import BUNDLED_MODEL
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/quickstart.md")
 NOT_RUN = {  # a command a block may hold that this test does not run, and why
-    "pip install": "installing: CI's own install (.ci/run) runs it",
+    "pip install": "installing: it would change the environment under test (CI installs by .ci/run's own commands)",
     "python -m pytest": "the test command: it runs this very suite, in a clone",
 }
 
@@ -59,8 +60,10 @@ def test_the_pages_have_blocks_and_only_the_stated_ones_are_not_run():
 def test_block_runs_from_outside_the_clone(page, index, lang, code, tmp_path):
     if lang == "bash" and skipped(code):
         pytest.skip(f"{page} block {index}: " + "; ".join(v for k, v in NOT_RUN.items() if k in code))
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}  # `recguide` and this Python, nothing else
+    # `recguide` and this Python on the PATH, nothing else; torch's threads as a reader's shell has them (a block that
+    # sets OMP_NUM_THREADS itself sets it here too)
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOME": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     if lang == "python":
         (tmp_path / "block.py").write_text(code)
         cmd = [sys.executable, str(tmp_path / "block.py")]

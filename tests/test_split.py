@@ -85,10 +85,16 @@ def test_device_map_auto_within_a_memory_budget(folders, single, tmp_path):
     """`device_map="auto"` with a `max_memory` too small for the whole model: accelerate offloads what is left."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folders["tiny"], trust_remote_code=True, dtype=torch.float32,
-                                                 device_map="auto", max_memory={"cpu": "150KB"},
-                                                 offload_folder=str(tmp_path / "offload")).eval()
-    assert "disk" in set(model.hf_device_map.values())
+    def load(**kw):
+        return AutoModelForCausalLM.from_pretrained(folders["tiny"], trust_remote_code=True, dtype=torch.float32,
+                                                    device_map="auto", max_memory={"cpu": "150KB"},
+                                                    offload_folder=str(tmp_path / "offload"), **kw).eval()
+
+    if not any(hasattr(m, "_hf_hook") for m in load(draft_adapter=False).modules()):
+        pytest.skip("this transformers version offloads the whole model with no accelerate hook to load it back "
+                    "(seen on 5.0.0: plain HF generate fails on it too)")
+    model = load()
+    assert any(p.device.type == "meta" for p in model.parameters())  # offloaded (5.0 keeps no hf_device_map here)
     assert_lossless(split_check.run(model, 16, 0), single["tiny"])
 
 

@@ -268,11 +268,14 @@ def limitations(card: Path) -> list[str]:
             c = r["concurrency"]
             if c not in best or r["aggregate_tps"] > best[c]["aggregate_tps"]:
                 best[c] = r
-        ar_wins = [c for c, r in sorted(best.items()) if r["method"] == "ar"]
+        from recguide_hf.tools.bench import HF_AR, parse_method
+
+        ar_wins = [f"{c} ({r['method']})" for c, r in sorted(best.items()) if parse_method(r["method"])[0] in HF_AR]
         lines.append("* Speed depends on the hardware: in the latest `recguide bench` on a 2-core CPU "
-                     + (f"plain AR decoding was the fastest method at C = {', '.join(map(str, ar_wins))}"
+                     + ("HF's autoregressive decoding (plain, static cache, compiled or continuous batching) was the "
+                        f"fastest method at C = {', '.join(ar_wins)}"
                         if ar_wins else "a speculative method was the fastest at every concurrency")
-                     + " (README, Results).")
+                     + " (docs/results.md).")
     lines += ["* The cost and value tables were measured on that CPU; run `recguide profile` and `recguide calibrate "
               "--signal accepted` on yours before trusting `recguide_block_size=\"auto\"` there.", ""]
     return lines
@@ -335,7 +338,7 @@ def write_assistant_card(folder: Path):
         measured += ["## Measured", "",
                      f"In `{env['command']}` (C = 1, {result['settings']['max_new_tokens']} new tokens, HumanEval "
                      f"and held-out Shakespeare prompts; {env['hardware']}, commit {env['git_commit']}); the tokens/s "
-                     "of every method of that run are in the repository's README.", "",
+                     "of every method of that run are in the repository's docs/results.md.", "",
                      "| method | tokens per verifier forward | draft-model forwards per token | tokens/s | "
                      "output = HF greedy |", "|---|---|---|---|---|"]
         for r in rows:

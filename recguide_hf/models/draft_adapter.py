@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .placement import all_reduce_sum, execution_device, is_plain, local_lora
+from .placement import all_reduce_sum, execution_device, input_device, is_plain, local_lora
 
 ADAPTER_DIR = "draft_lora"
 _PREFIX = "base_model.model."
@@ -45,18 +45,22 @@ class DraftAdapter(nn.Module):
         rank: LoRA rank r.
         alpha: LoRA alpha (scaling = alpha / r, as PEFT's default).
         target_modules: the module names the adapter targets (as PEFT's config lists them).
+        device: where a layer's weights go when its own execution device is not known (an offloaded layer loaded by
+            a hook above it): the model's execution device.
     """
 
-    def __init__(self, linears: dict[str, nn.Linear], rank: int, alpha: float, target_modules: list[str]):
+    def __init__(self, linears: dict[str, nn.Linear], rank: int, alpha: float, target_modules: list[str],
+                 device: torch.device | None = None):
         super().__init__()
         self.names = list(linears)
         self._linears = list(linears.values())  # a plain list: the model already owns these modules
         # beside the layer each adapts: where it computes (an offloaded layer's weights sit on `meta`), full size (a
         # tensor-parallel layer's slice of them is taken when routing: `placed_entries`)
-        self.lora_A = nn.ParameterList(nn.Parameter(torch.empty(rank, m.in_features, dtype=m.weight.dtype,
-                                                                device=execution_device(m))) for m in self._linears)
-        self.lora_B = nn.ParameterList(nn.Parameter(torch.zeros(m.out_features, rank, dtype=m.weight.dtype,
-                                                                device=execution_device(m))) for m in self._linears)
+        where = [execution_device(m, device) for m in self._linears]
+        self.lora_A = nn.ParameterList(nn.Parameter(torch.empty(rank, m.in_features, dtype=m.weight.dtype, device=d))
+                                       for m, d in zip(self._linears, where))
+        self.lora_B = nn.ParameterList(nn.Parameter(torch.zeros(m.out_features, rank, dtype=m.weight.dtype, device=d))
+                                       for m, d in zip(self._linears, where))
         for a in self.lora_A:  # PEFT's default init: A random, B zero, so a fresh adapter changes nothing
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.rank, self.alpha, self.target_modules = rank, alpha, list(target_modules)
@@ -339,7 +343,8 @@ def add_draft_adapter(model, rank: int, alpha: float, target_modules: list[str])
     frozen, the adapter's trainable."""
     for p in model.parameters():
         p.requires_grad_(False)
-    model.draft_adapter = DraftAdapter(_targets(model, target_modules), rank, alpha, target_modules)
+    model.draft_adapter = DraftAdapter(_targets(model, target_modules), rank, alpha, target_modules,
+                                       input_device(model))
     return model.draft_adapter
 
 
@@ -374,7 +379,8 @@ def attach_draft_adapter(model, directory: str | Path) -> DraftAdapter:
     missing = [n for n in names if not isinstance(modules.get(n), nn.Linear)]
     if missing:
         raise ValueError(f"{directory}: adapter weights for {missing[:3]} match no Linear of {type(model).__name__}")
-    adapter = DraftAdapter({n: modules[n] for n in names}, cfg["r"], cfg["lora_alpha"], list(cfg["target_modules"]))
+    adapter = DraftAdapter({n: modules[n] for n in names}, cfg["r"], cfg["lora_alpha"], list(cfg["target_modules"]),
+                           input_device(model))
     with torch.no_grad():
         for i, n in enumerate(names):
             adapter.lora_A[i].copy_(weights[f"{_PREFIX}{n}.lora_A.weight"])

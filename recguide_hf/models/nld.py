@@ -33,7 +33,7 @@ import torch
 from .cache import RowCache
 from .draft_adapter import find_adapter
 from .hf_backbone import HFBackbone
-from .placement import execution_device
+from .placement import input_device
 
 
 def bridge_mask_builders(module) -> None:
@@ -129,11 +129,7 @@ class NLDBackbone(HFBackbone):
     # ------------------------------------------------------------------ facts
     @property
     def device(self) -> torch.device:
-        device = execution_device(self.encoder.embed_tokens)
-        if device.type == "meta":
-            raise ValueError("The encoder's embeddings are on the meta device with no accelerate hook to run them: "
-                             "load the model with from_pretrained(..., device_map=...)")
-        return device
+        return input_device(self.model)  # the encoder's embeddings (`get_input_embeddings`), or the hook above them
 
     @property
     def dtype(self) -> torch.dtype:

@@ -30,18 +30,28 @@ except ImportError:  # a torch build without distributed: nothing can be sharded
     DTensor = Shard = None
 
 
-def execution_device(module: nn.Module) -> torch.device:
-    """The device `module` computes on: accelerate's execution device for a hooked (placed or offloaded) module,
-    else the device of its first parameter (an offloaded module's parameters sit on `meta`)."""
+def _hook_device(module: nn.Module) -> torch.device | None:
+    """The execution device of accelerate's hook on `module` itself, or None (no hook, or one that places nothing)."""
     hook = getattr(module, "_hf_hook", None)
     device = getattr(hook, "execution_device", None)
     if device is None:  # a SequentialHook: the first of its hooks that places the module
         device = next((h.execution_device for h in getattr(hook, "hooks", ()) if
                        getattr(h, "execution_device", None) is not None), None)
+    if device is None:
+        return None
+    return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+
+
+def execution_device(module: nn.Module, fallback: torch.device | None = None) -> torch.device:
+    """The device `module` computes on: accelerate's execution device for a hooked (placed or offloaded) module,
+    else the device of its first parameter; `fallback` where that is `meta` (a module offloaded inside a block whose
+    one hook, above it, loads it: the model's execution device)."""
+    device = _hook_device(module)
     if device is not None:
-        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+        return device
     param = next(module.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
+    device = param.device if param is not None else torch.device("cpu")
+    return fallback if device.type == "meta" and fallback is not None else device
 
 
 def input_device(model: nn.Module) -> torch.device:
@@ -51,6 +61,8 @@ def input_device(model: nn.Module) -> torch.device:
     except (AttributeError, NotImplementedError):  # remote code with its own names: its first parameter's device
         embeddings = None
     device = execution_device(embeddings if embeddings is not None else model)
+    if device.type == "meta":  # placed whole, by one hook above the embeddings (transformers 5.0, all offloaded)
+        device = next((d for m in model.modules() if (d := _hook_device(m)) is not None), device)
     if device.type == "meta":
         raise ValueError("The model's embeddings are on the meta device with no accelerate hook to run them: load it "
                          "with from_pretrained(..., device_map=...) (and offload_folder= for offloaded layers)")
@@ -61,7 +73,11 @@ def device_map_of(model: nn.Module) -> dict | None:
     """accelerate's placement of `model` where it spans more than one device or offloads a layer (None: one place)."""
     placed = getattr(model, "hf_device_map", None)
     places = {f"cuda:{d}" if isinstance(d, int) else str(d) for d in (placed or {}).values()}
-    return placed if len(places) > 1 else None
+    if len(places) > 1:
+        return placed
+    if any(p.device.type == "meta" for p in model.parameters()):  # offloaded: transformers 5.0 keeps no map for "auto"
+        return placed or {"": "offloaded"}
+    return None
 
 
 def tp_group(model: nn.Module):
