@@ -89,3 +89,20 @@ def test_readme_python_example_prints_texts_then_statistics(tmp_path):
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("[") and len(lines) == 2
     assert lines[1].split()[0].replace(".", "", 1).isdigit()
+
+
+def test_the_documented_statistics_are_the_ones_generate_returns():
+    """docs/generate.md's table of `recguide_stats` keys names exactly what a call returns (no key missing, none
+    stale)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import recguide_hf
+
+    page = (ROOT / "docs" / "generate.md").read_text().split("## What a call reports", 1)[1].split("\n## ", 1)[0]
+    documented = {key for row in re.findall(r"^\| (`.*?) \|", page, re.M) for key in re.findall(r"`(\w+)`", row)}
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, trust_remote_code=True)
+    out = recguide_hf.generate(model, input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=4,
+                               return_dict_in_generate=True, recguide_compile=False)
+    returned = set(out.recguide_stats) | {"compile_warmup_s"}  # that key comes only from a compiling call
+    assert documented == returned
