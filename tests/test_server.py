@@ -163,3 +163,24 @@ def test_a_full_queue_answers_503(server, client):
         t.join(timeout=180)
     assert len(results) == 5 and set(results) <= {200, 503}
     assert results.count(503) >= 1 and results.count(200) >= 3
+
+
+def test_a_model_with_layers_offloaded_to_disk_serves_plain_greedy(greedy, tmp_path):
+    """`recguide serve --device-map ... --offload-folder`: half the bundled model's layers load from disk for each
+    forward; a streamed greedy completion over the OpenAI API equals plain HF greedy on one device."""
+    layers = json.loads((BUNDLED_MODEL / "config.json").read_text())["num_hidden_layers"]
+    placed = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
+              **{f"model.layers.{i}": "cpu" if i < layers // 2 else "disk" for i in range(layers)}}
+    try:
+        proc, base = start_server(["--device-map", json.dumps(placed), "--offload-folder", str(tmp_path / "off"),
+                                   "--slots", "2"], timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=120, max_retries=0)
+        prompt = "def add(a, b):"
+        chunks = [c.choices[0].text for c in client.completions.create(
+            model="recguide-tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True)]
+        assert "".join(chunks) == greedy(prompt, 24)
+    finally:
+        stop_server(proc)

@@ -372,7 +372,8 @@ def cmd_serve(args) -> int:
     from ..serving.worker import EngineWorker, WorkerLimits
 
     folder = Path(args.model) if args.model else BUNDLED_MODEL
-    tokenizer, model = load(args.model, args.dtype, args.device)
+    tokenizer, model = load(args.model, args.dtype, args.device, device_map=args.device_map,
+                            offload_folder=args.offload_folder)
     limits = WorkerLimits(slots=args.slots, max_waiting=args.max_waiting, max_prompt_tokens=args.max_prompt_tokens,
                           max_new_tokens=args.max_tokens)
     positions = getattr(model.config, "max_position_embeddings", None)
@@ -562,6 +563,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-body-bytes", type=positive, default=1 << 20, help="larger request bodies get 413")
     s.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     s.add_argument("--device", default="cpu")
+    s.add_argument("--device-map", type=device_map_arg, default=None,
+                   help='place the model with accelerate instead of --device: "auto" or a JSON object '
+                        '{"module": device}')
+    s.add_argument("--offload-folder", default=None, help="where --device-map puts layers it offloads to disk")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve, check=check_serve, subparser=s)
 
