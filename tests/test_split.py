@@ -147,7 +147,8 @@ def test_tensor_parallel_over_two_gloo_ranks(folders, single, name, tmp_path):
     rank0, rank1 = run_tensor_parallel(folders[name], tmp_path / "out")
     assert single[name]["draft_probe"]["kv_heads"] == [2, 2]
     assert rank0["draft_probe"]["kv_heads"] == [1, 1] and rank0["draft_probe"]["sharded"] > 0  # sharded for real
-    assert rank0 == rank1  # outputs, every round's plan, and the adapter's logits
+    assert rank0 == rank1  # outputs, every round's plan, the adapter's logits, the sampled rows from one seed
+    assert all(rank0[case]["sampled"] != rank0[case]["recguide"] for case in CASES)  # sampling, not greedy
     assert_lossless(rank0, single[name])
     plans = [p for case in CASES for p in rank0[case]["recguide_plans"]]
     assert plans and len({b for plan in plans for b in plan}) > 1  # the policy chose, round by round

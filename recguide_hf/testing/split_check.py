@@ -18,7 +18,8 @@ Per prompt batch (one prompt; a left-padded batch of four) and method it records
 row by row), then the engine's `plain` (B = 1 steps), `linear` (LinearSS, B = 4) and `recguide` (the auto policy
 on the bundled model's cost and value tables, which the folder need not have). For the engine's methods it also
 records each round's planned block size per row (the policy's `plan`, wrapped here), which must be the same on
-every rank of a tensor-parallel run, and the drafts the verifier accepted (the drafting adapter at work).
+every rank of a tensor-parallel run, and the drafts the verifier accepted (the drafting adapter at work). Last, a
+sampled RecGuide call from one seed (`sampled`): ranks seeded alike must draw the same tokens.
 
 Prompts are seeded random token ids in [12, min(vocab, 100)) less the model's special tokens, so a folder needs no
 tokenizer.
@@ -188,6 +189,11 @@ def run(model, max_new_tokens: int, seed: int) -> dict:
                                           do_sample=False, return_dict_in_generate=True, **settings, **extra)
             case[name], case[f"{name}_plans"] = result.sequences.tolist(), [list(p) for p in plans]
             case[f"{name}_accepted"] = result.recguide_stats["accepted_drafts"]  # drafts the verifier accepted
+        # speculative sampling from one seed: tensor-parallel ranks seeded alike must draw alike (not vs plain greedy)
+        torch.manual_seed(seed)
+        case["sampled"] = recguide_hf.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                               do_sample=True, temperature=1.0, **METHODS["recguide"],
+                                               **tables).tolist()
         out[f"batch{batch}"] = case
     out["draft_probe"] = draft_probe(model, seed)
     return out
