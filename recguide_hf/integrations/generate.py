@@ -138,8 +138,7 @@ def _decode_batch(model, input_ids, generation_config, recguide_config, logits_p
     config = recguide_config or DecodingConfig.from_sources(generation_config)
     backbone = as_backbone(model)
     if getattr(backbone, "tp_group", None) is not None:  # every rank must stop where the others do
-        timed = [type(c).__name__ for c in stopping_criteria or [] if isinstance(c, MaxTimeCriteria)]
-        if timed:
+        if any(isinstance(c, MaxTimeCriteria) for c in stopping_criteria or []):
             raise ValueError("max_time (MaxTimeCriteria) would stop tensor-parallel ranks at different rounds; "
                              "bound the call by max_new_tokens instead")
     eos = generation_config._eos_token_tensor

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .placement import all_reduce_sum, execution_device, input_device, is_plain, local_lora
+from .placement import all_reduce_sum, execution_device, input_device, is_plain, is_sharded, local_lora
 
 ADAPTER_DIR = "draft_lora"
 _PREFIX = "base_model.model."
@@ -135,7 +135,7 @@ def placed_entries(adapter) -> list:
     entries = adapter.entries()
     sharded = getattr(adapter, "_sharded", None)
     if sharded is None:  # decided when the model was loaded: checked once
-        sharded = adapter._sharded = any(not is_plain(m) and m.weight.device.type != "meta" for m, *_ in entries)
+        sharded = adapter._sharded = any(is_sharded(m) for m, *_ in entries)
     if not sharded:
         return [(*e, None) for e in entries]
     if getattr(adapter, "_local", None) is None:

@@ -160,9 +160,9 @@ class NLDBackbone(HFBackbone):
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        # where the engine's tensors are: a device map may put the head on another device, and the encoder and head
-        # are called here one by one, past the hook that brings a placed model's outputs back (no copy on one device)
-        return self.head(hidden).to(self.device)
+        # where the inputs came from: a device map may put the head on another device, and the encoder and head are
+        # called here one by one, past the hook that brings a placed model's outputs back (no copy on one device)
+        return self.head(hidden).to(input_ids.device)
 
     def _cache_position(self, position_ids: torch.Tensor) -> torch.Tensor:
         """What NLD's attention reads per token: the token's position (slot = position in the row cache).

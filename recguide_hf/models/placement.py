@@ -97,9 +97,14 @@ def _is_dtensor(t) -> bool:
     return DTensor is not None and isinstance(t, DTensor)
 
 
+def is_sharded(linear: nn.Linear) -> bool:
+    """Whether `linear`'s weight is a tensor-parallel shard (a DTensor)."""
+    return _is_dtensor(linear.weight)
+
+
 def is_plain(linear: nn.Linear) -> bool:
     """Whether `linear`'s weight is an ordinary tensor where it runs (not a shard, not offloaded to `meta`)."""
-    return not _is_dtensor(linear.weight) and linear.weight.device.type != "meta"
+    return not is_sharded(linear) and linear.weight.device.type != "meta"
 
 
 def local_lora(linear: nn.Linear, a: torch.Tensor, b: torch.Tensor):
