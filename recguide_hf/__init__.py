@@ -25,7 +25,9 @@ __version__ = "0.1.0"
 BUNDLED_MODEL = Path(__file__).resolve().parent / "bundled" / "recguide-tiny"
 
 _EXPORTS = {"DecodingConfig": "core.config", "RecGuideConfig": "models.modeling",
-            "RecGuideForCausalLM": "models.modeling", "RecGuideGenerateOutput": "integrations.generate",
+            "RecGuideForCausalLM": "models.modeling", "RecGuideLlamaForCausalLM": "models.modeling",
+            "RecGuideQwen2ForCausalLM": "models.modeling", "RecGuideQwen3ForCausalLM": "models.modeling",
+            "RecGuideMistralForCausalLM": "models.modeling", "RecGuideGenerateOutput": "integrations.generate",
             "generate": "integrations.generate"}
 __all__ = [*_EXPORTS, "BUNDLED_MODEL", "__version__"]
 

@@ -35,186 +35,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from teacher_data import greedy
 from tqdm import tqdm
-from train import TeacherBatches, draft_blocks, set_lr
-from transformers import AutoTokenizer, DynamicCache, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+from train import TeacherBatches
+from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from recguide_hf.core.draft import make_draft
-from recguide_hf.core.masks import additive_mask
-from recguide_hf.models.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter
 from recguide_hf.models.modeling import RecGuideForCausalLM
+
+# the loss, the block sampler and the adapter student are the package's (`recguide distill` trains with them too)
+from recguide_hf.tools.distill.loop import (  # noqa: F401  (re-exported for tests)
+    AdapterStudent,
+    correction_hits,
+    decay_weights,
+    distill_loss,
+    save,
+    set_lr,
+    verifier_pass,
+)
 from recguide_hf.tools.prompts import load_prompts
 
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-# ---------------------------------------------------------------- the verifier's teacher-forced pass
-@torch.no_grad()
-def verifier_pass(verifier, x: torch.Tensor, mask_id: int):
-    """Cache of the clean rows x [N, L] and the verifier's log-probs at every position [N, L, V] (MASK -inf)."""
-    cache = DynamicCache(config=verifier.config)
-    logits = verifier(input_ids=x, cache=cache, use_cache=True).logits.float()
-    logits[..., mask_id] = float("-inf")
-    return cache, logits.log_softmax(-1)
-
-
-def distill_loss(student_logits, teacher_logp, labels_ok, weights, kl_weight: float, mask_id: int,
-                 rank2_weight: float = 0.0, excluded: list[int] | None = None):
-    """Weighted CE to the teacher's argmax + KL(teacher || student) [+ the rank-2 term]. All [T, V] / [T].
-
-    The rank-2 term is what a correction branch needs (docs/algorithm.md §2.2): where the student's argmax is wrong, the
-    branch hypothesises the second-ranked token c_p (never MASK, EOS or the argmax), so the teacher's token is
-    trained to be the argmax of the student's distribution with its own argmax (and `excluded`) removed. It
-    leaves the argmax's own logit alone, so it cannot make a right first choice wrong.
-    """
-    student_logits = student_logits.float()
-    student_logits[:, mask_id] = float("-inf")
-    logq = student_logits.log_softmax(-1)
-    target = teacher_logp.argmax(-1)
-    ce = F.nll_loss(logq, target, reduction="none")
-    p = teacher_logp.exp()
-    kl = (p * (teacher_logp - logq.clamp(min=-1e4))).nan_to_num().sum(-1)
-    per_token = ce + kl_weight * kl
-    if rank2_weight:
-        top = student_logits.detach().argmax(-1)
-        wrong = (top != target).float()
-        others = student_logits.scatter(1, top[:, None], float("-inf"))
-        if excluded:
-            others[:, excluded] = float("-inf")
-        r2 = F.cross_entropy(others, target, reduction="none").nan_to_num(posinf=0.0)  # EOS targets: not trainable
-        per_token = per_token + rank2_weight * wrong * r2
-    w = weights * labels_ok
-    return (per_token * w).sum() / w.sum().clamp(min=1e-6), ce.detach()[labels_ok > 0].mean()
-
-
-def decay_weights(block_pos: torch.Tensor, decay: float, first: int = 1) -> torch.Tensor:
-    """exp(-(k - first) / decay) at block place k >= first, 0 before it (place 0: the seed, or, in a
-    continuation-shaped block, a mask weighted like place 1)."""
-    k = block_pos.clamp(min=1)
-    return torch.where(k >= first, torch.exp(-(k - first).float() / decay), torch.zeros_like(k, dtype=torch.float))
-
-
-def seed_layout(ids: torch.Tensor, allowed: torch.Tensor, mask_id: int, first_draft: str):
-    """Which block tokens draft (the adapter's per-token mask) and what they see, as the engine's draft forward
-    runs them: with `first_draft="mask"` every block token is a draft token; with "verifier" a block's seed
-    (its clean first token) sees only the clean prefix and itself, with the base weights, so its logits are
-    the verifier's own next-token prediction (d_1), and only the mask tokens draft."""
-    if first_draft == "mask":
-        return 0, allowed  # every token (route's int form)
-    seed = ids != mask_id  # [N, Q]; continuation-shaped blocks ([MASK x B]) have none
-    q = ids.shape[1]
-    allowed = allowed.clone()
-    allowed[:, 0, :, -q:] &= ~seed[:, :, None] | torch.eye(q, dtype=torch.bool, device=ids.device)
-    return ~seed, allowed
-
-
-def correction_hits(margin, correction, targets, runs, delta: float = 0.5, max_corrections: int = 2):
-    """Would a correction branch supply the next block? margin, correction, targets: [N, A, B-1]; runs [N, A].
-
-    The rule of docs/algorithm.md §2.2, per block: the first mismatch sits at draft place `runs` (0-based; none when
-    the whole block was accepted); a correction at p hits iff p is among the earliest `max_corrections` risky places
-    (margin < delta) and the verifier's token there equals the correction token c_p. Returns `(hit, place)`:
-    Returns hit [N, A] bool for the whole block; at block size b the branch exists only if the mismatch
-    falls inside the block: `hit & (runs < b - 1)` (truncating the block leaves the earlier places as they are).
-    """
-    k = margin.shape[-1]
-    risky = margin < delta
-    earlier = torch.cumsum(risky.int(), -1) - risky.int()  # risky places before each place
-    at = runs.clamp(max=k - 1)[..., None]
-    mismatch = runs < k
-    first_ok = (risky & (earlier < max_corrections)).gather(-1, at).squeeze(-1)
-    right = (correction.gather(-1, at) == targets.gather(-1, at)).squeeze(-1)
-    return mismatch & first_ok & right
-
-
-class AdapterStudent:
-    """The verifier plus a LoRA that only draft-block tokens see."""
-
-    def __init__(self, verifier, args):
-        self.model = verifier
-        if args.init:
-            self.adapter = attach_draft_adapter(verifier, args.init)
-            self.adapter.requires_grad_(True)
-        else:
-            self.adapter = add_draft_adapter(verifier, args.rank, args.alpha, args.targets)
-        self.mask_id = verifier.config.mask_token_id
-        eos = verifier.config.eos_token_id
-        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.first_draft = getattr(args, "first_draft", "mask")
-
-    def parameters(self):
-        return list(self.adapter.parameters())
-
-    def block_logits(self, cache, x, valid, lo, block, num_blocks, gen):
-        ids, pos, labels, _, allowed = draft_blocks(x.cpu(), block, num_blocks, self.mask_id, gen, lo=lo,
-                                                    valid=valid.cpu())
-        dev = x.device
-        draft_mask, allowed = seed_layout(ids, allowed, self.mask_id, self.first_draft)
-        with route(self.adapter, draft_mask if isinstance(draft_mask, int) else draft_mask.to(dev)):
-            logits = self.model(input_ids=ids.to(dev), position_ids=pos.to(dev),
-                                attention_mask=additive_mask(allowed.to(dev)), cache=cache, use_cache=True).logits
-        cache.crop(-ids.shape[1])  # drop the block keys: the clean prefix is all later passes may see
-        block_pos = torch.arange(block).repeat(num_blocks).expand_as(pos)
-        seeded = (ids.view(ids.shape[0], num_blocks, block)[:, :, :1] != self.mask_id).expand(-1, -1, block)
-        return (logits, pos.to(dev), (labels != -100).float().to(dev), block_pos.to(dev),
-                seeded.reshape(ids.shape).to(dev))
-
-    def loss(self, x, valid, teacher_logp, cache, args, gen, lo):
-        block = random.choice(args.block_sizes)
-        k = max(1, args.draft_tokens // block)
-        logits, pos, ok, block_pos, seeded = self.block_logits(cache, x, valid, lo, block, k, gen)
-        # the block token at position j is predicted by the verifier's logits at j - 1
-        src = (pos - 1).clamp(max=x.shape[1] - 1)  # targets past the row are not trained (ok = 0)
-        t_logp = torch.gather(teacher_logp, 1, src[..., None].expand(-1, -1, teacher_logp.shape[-1]))
-        weights = decay_weights(block_pos, args.decay)
-        if self.first_draft == "verifier":  # d_1 is the seed's (exact); acceptance is first at risk at place 2
-            weights = torch.where(seeded, decay_weights(block_pos, args.decay, first=2), weights)
-        return distill_loss(logits.flatten(0, 1), t_logp.flatten(0, 1), ok.flatten(), weights.flatten(),
-                            args.kl_weight, self.mask_id, getattr(args, "rank2_weight", 0.0), self.eos_ids)
-
-    @torch.no_grad()
-    def runs(self, x, lo, block, stride, teacher_logp, cache, with_risk: bool = False):
-        """Accepted-run length of a draft block at every `stride`-th anchor t in [lo, L - block]: [N, A];
-        with `with_risk`, also whether a correction branch would supply the next block there (`correction_hits`)."""
-        n, length = x.shape
-        anchors = torch.arange(lo, length - block + 1, stride)
-        a = len(anchors)
-        offs = torch.arange(block)
-        pos = (anchors[:, None] + offs).expand(n, a, block).reshape(n, -1)
-        ids = torch.full((n, a, block), self.mask_id)
-        ids[:, :, 0] = x[:, anchors]
-        col = torch.arange(length)
-        sees_clean = (col[None, :] < anchors[:, None]).repeat_interleave(block, 0)  # [A*B, L]
-        blk = torch.arange(a).repeat_interleave(block)
-        allowed = torch.cat([sees_clean, blk[:, None] == blk[None, :]], -1)[None, None].expand(n, 1, -1, -1)
-        draft_mask, allowed = seed_layout(ids.view(n, -1), allowed, self.mask_id, self.first_draft)
-        with route(self.adapter, draft_mask):
-            logits = self.model(input_ids=ids.view(n, -1), position_ids=pos, attention_mask=additive_mask(allowed),
-                                cache=cache, use_cache=True).logits
-        cache.crop(-a * block)
-        logits[..., self.mask_id] = float("-inf")
-        logits = logits.view(n, a, block, -1)
-        # d_1 from the first mask, or (first_draft="verifier") from the seed itself; d_2 .. from the masks
-        logits = torch.cat([logits[:, :, :1], logits[:, :, 2:]] if self.first_draft == "verifier"
-                           else [logits[:, :, 1:]], 2)  # [N, A, B-1, V]
-        drafts = logits.argmax(-1)
-        targets = x[:, anchors[:, None] + offs[1:]]  # [N, A, B-1]: the verifier's greedy tokens
-        runs = (drafts == targets).int().cumprod(-1).sum(-1)
-        if not with_risk:
-            return runs
-        block_ = make_draft(logits.flatten(0, 1), self.mask_id, self.eos_ids)
-        return runs, correction_hits(block_.margin.view(n, a, -1), block_.correction.view(n, a, -1), targets, runs)
-
-    def save(self, directory: Path):
-        save_draft_adapter(self.model, directory)
 
 
 class AssistantStudent:
@@ -391,14 +236,6 @@ def train(args):
     logged = {k: " ".join(map(str, v)) if k == "teacher_data" else str(v) for k, v in vars(args).items()}
     (args.run / "final" / "distill_log.json").write_text(json.dumps(
         {"args": logged, "trainable_parameters": num_params, "teacher_data": reports or None, **state}, indent=1))
-
-
-def save(student, opt, params, state, run: Path):
-    run.mkdir(parents=True, exist_ok=True)
-    student.save(run / "final")
-    torch.save({"params": [p.detach().clone() for p in params], "opt": opt.state_dict(), "state": state},
-               run / "ckpt.pt.tmp")
-    os.replace(run / "ckpt.pt.tmp", run / "ckpt.pt")
 
 
 def export(run: Path, to: Path, teacher_data: list[Path]):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import time
@@ -39,6 +38,7 @@ from transformers import AutoTokenizer, DynamicCache
 
 from recguide_hf.core.masks import additive_mask
 from recguide_hf.models.modeling import RecGuideConfig, RecGuideForCausalLM
+from recguide_hf.tools.distill.loop import draft_blocks, set_lr  # noqa: F401  (shared with `recguide distill`)
 
 MODEL_CONFIG = dict(  # ~12M parameters; sized so ~100 CPU minutes see a few epochs of the corpus
     hidden_size=320, intermediate_size=960, num_hidden_layers=8, num_attention_heads=5,
@@ -100,41 +100,6 @@ class TeacherBatches:
         return self.tokens[idx], self.valid[idx]
 
 
-def draft_blocks(x: torch.Tensor, block_size: int, num_blocks: int, mask_id: int, gen: torch.Generator,
-                 lo: int = 1, valid: torch.Tensor | None = None):
-    """Sample draft blocks over clean sequences x [N, L].
-
-    Anchors t lie in [lo, L - B] (or, with `valid` [N], in [lo, valid - 2] with targets at or past `valid`
-    not trained). Returns block input ids, position ids, targets (-100 where not trained), per-position loss
-    weights (all [N, K*B]) and the boolean attention pattern [N, 1, K*B, L + K*B].
-    """
-    n, length = x.shape
-    k, b = num_blocks, block_size
-    offs = torch.arange(b)
-    if valid is None:  # anchors t in [lo, L - B]; the block covers positions t .. t+B-1
-        starts = torch.stack([torch.randperm(length - b - lo + 1, generator=gen)[:k] + lo for _ in range(n)])
-        limit = torch.full((n,), length)
-    else:
-        span = (valid - 1 - lo).clamp(min=1)
-        starts = lo + (torch.rand(n, k, generator=gen) * span[:, None]).long()  # [N, K]
-        limit = valid
-    pos = starts[:, :, None] + offs  # [N, K, B]
-    targets = torch.gather(x, 1, pos.clamp(max=length - 1).view(n, -1)).view(n, k, b)
-    no_seed = torch.rand(n, k, 1, generator=gen) < 0.25  # continuation-shaped blocks: [MASK x B]
-    masked = ((offs > 0) | no_seed) & (pos < limit[:, None, None])  # [N, K, B]
-    inputs = torch.where((offs > 0) | no_seed, torch.full_like(targets, mask_id), targets)
-    labels = torch.where(masked, targets, torch.full_like(targets, -100))
-    weights = (1.0 / torch.sqrt(offs.clamp(min=1).float())).expand(n, k, b) * masked
-    # attention: clean keys j < t, plus own block (bidirectional)
-    col = torch.arange(length)
-    sees_clean = col[None, None, :] < starts[:, :, None]  # [N, K, L]
-    sees_clean = sees_clean[:, :, None, :].expand(n, k, b, length).reshape(n, k * b, length)
-    blk = torch.arange(k).repeat_interleave(b)
-    sees_block = (blk[:, None] == blk[None, :]).expand(n, k * b, k * b)
-    allowed = torch.cat([sees_clean, sees_block], dim=-1)[:, None]  # [N, 1, K*B, L+K*B]
-    return inputs.view(n, -1), pos.view(n, -1), labels.view(n, -1), weights.view(n, -1), allowed
-
-
 def losses(model, x: torch.Tensor, phase: str, args, gen: torch.Generator, dtype) -> dict[str, torch.Tensor]:
     if phase == "distill":  # x = (teacher rows, valid lengths)
         return distill_losses(model, *x, args, gen, dtype)
@@ -190,13 +155,6 @@ def evaluate(model, tokens: dict[str, np.ndarray], args, dtype, device) -> dict[
         res[f"heldout_diff_{name}"] = float(np.mean(diff))
     model.train()
     return res
-
-
-def set_lr(opt, base_lr: float, step: int, warmup: int, frac: float):
-    """Linear warm-up over `warmup` steps, then cosine from base_lr to base_lr / 10 over the time budget."""
-    warm = min(1.0, (step + 1) / warmup)
-    for group in opt.param_groups:
-        group["lr"] = base_lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def save_ckpt(path: Path, model, opt, state: dict):

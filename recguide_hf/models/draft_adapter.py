@@ -348,8 +348,8 @@ def add_draft_adapter(model, rank: int, alpha: float, target_modules: list[str])
     return model.draft_adapter
 
 
-def save_draft_adapter(model, directory: str | Path):
-    """Write `model.draft_adapter` as a PEFT LoRA folder."""
+def save_draft_adapter(model, directory: str | Path, dtype: torch.dtype | None = None):
+    """Write `model.draft_adapter` as a PEFT LoRA folder (its weights as `dtype`, default their own)."""
     from peft import LoraConfig
     from safetensors.torch import save_file
 
@@ -360,8 +360,8 @@ def save_draft_adapter(model, directory: str | Path):
                bias="none").save_pretrained(directory)
     tensors = {}
     for name, a, b in zip(adapter.names, adapter.lora_A, adapter.lora_B):
-        tensors[f"{_PREFIX}{name}.lora_A.weight"] = a.detach().contiguous().cpu()
-        tensors[f"{_PREFIX}{name}.lora_B.weight"] = b.detach().contiguous().cpu()
+        tensors[f"{_PREFIX}{name}.lora_A.weight"] = a.detach().to(dtype or a.dtype).contiguous().cpu()
+        tensors[f"{_PREFIX}{name}.lora_B.weight"] = b.detach().to(dtype or b.dtype).contiguous().cpu()
     save_file(tensors, directory / "adapter_model.safetensors", metadata={"format": "pt"})
 
 

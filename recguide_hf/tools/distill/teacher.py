@@ -1,0 +1,100 @@
+"""The verifier's own greedy continuations: what a drafting adapter is distilled on (and measured against).
+
+A file of teacher rows holds `tokens` [N, L] (each row `[prompt | continuation]`, right-padded with the pad id),
+`lo` [N] (the prompt's length: draft blocks are anchored at or after it) and `valid` [N] (prompt + continuation
+length); a continuation ends after the first EOS. Batches are left-padded for generation only; the rows are stored
+unpadded on the left, so a causal pass over a row sees exactly the prompt and continuation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+
+@torch.no_grad()
+def continue_greedily(model, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_ids: list[int],
+                      suppress: list[int] = ()) -> list[list[int]]:
+    """Greedy continuations of a batch of prompts (left-padded, HF `generate`), each cut after its first EOS."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=new_tokens,
+                         do_sample=False, pad_token_id=pad_id, eos_token_id=eos_ids,
+                         suppress_tokens=list(suppress) or None)[:, width:].tolist()
+    cut = []
+    for row in out:
+        ends = [i for i, t in enumerate(row) if t in eos_ids]
+        cut.append(row[:ends[0] + 1] if ends else row)
+    return cut
+
+
+def write_rows(path: Path, prompts: list[list[int]], conts: list[list[int]], pad_id: int, info: dict) -> dict:
+    width = max(len(p) + len(c) for p, c in zip(prompts, conts))
+    tokens = np.full((len(prompts), width), pad_id, dtype=np.int32)
+    for i, (p, c) in enumerate(zip(prompts, conts)):
+        tokens[i, :len(p) + len(c)] = p + c
+    lo = np.array([len(p) for p in prompts], dtype=np.int32)
+    valid = lo + np.array([len(c) for c in conts], dtype=np.int32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, tokens=tokens, lo=lo, valid=valid)
+    info = {**info, "rows": len(prompts), "continuation_tokens": int((valid - lo).sum())}
+    path.with_suffix(".json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def make_teacher_rows(model, tokenizer, prompts: list[list[int]], out: Path, new_tokens: int = 128,
+                      batch_size: int = 16, minutes: float | None = None, mask_id: int | None = None) -> dict:
+    """Continue `prompts` (in batches of similar length) until done or `minutes` pass; write the rows to `out`."""
+    eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None \
+        else tokenizer.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    np.random.default_rng(0).shuffle(batches)  # similar lengths within a batch, every length across the run
+    done_p, done_c = [], []
+    t0 = time.time()
+    bar = tqdm(batches, desc="teacher rows", unit="batch", mininterval=10)
+    for batch in bar:
+        if minutes is not None and time.time() - t0 > minutes * 60:
+            break
+        ps = [prompts[i] for i in batch]
+        done_p += ps
+        done_c += continue_greedily(model, ps, new_tokens, pad_id, eos_ids, [mask_id] if mask_id is not None else ())
+        bar.set_postfix(rows=len(done_p))
+    bar.close()
+    info = {"seconds": round(time.time() - t0, 1), "new_tokens": new_tokens, "prompts_offered": len(prompts)}
+    return write_rows(out, done_p, done_c, pad_id, info)
+
+
+class TeacherRows:
+    """Random batches of teacher rows (one or more files), as `(tokens [B, L], lo [B], valid [B])`, trimmed to
+    the batch's longest row."""
+
+    def __init__(self, paths: list[Path], batch_size: int, seed: int):
+        blobs = [np.load(p) for p in paths]
+        width = max(b["tokens"].shape[1] for b in blobs)
+        self.tokens = torch.cat([torch.nn.functional.pad(torch.from_numpy(b["tokens"].astype(np.int64)),
+                                                         (0, width - b["tokens"].shape[1])) for b in blobs])
+        self.lo = torch.from_numpy(np.concatenate([b["lo"] for b in blobs]).astype(np.int64))
+        self.valid = torch.from_numpy(np.concatenate([b["valid"] for b in blobs]).astype(np.int64))
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def next(self):
+        idx = torch.from_numpy(self.rng.integers(0, len(self.tokens), size=self.batch_size))
+        valid = self.valid[idx]
+        return self.tokens[idx, :int(valid.max())], self.lo[idx], valid

@@ -1,0 +1,88 @@
+"""`recguide distill`: a tiny random Llama-style model made self-speculative end to end, resumed, exported as a Hub
+folder that loads with trust_remote_code and decodes losslessly (= the base's HF greedy, fp32)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from recguide_hf.models.export import assemble_folder
+from recguide_hf.testing.tiny_llama import write_tiny_llama
+from recguide_hf.tools.cli import main as cli_main
+
+SMALL = ["--teacher-prompts", "24", "--eval-prompts", "4", "--teacher-batch", "8", "--new-tokens", "24",
+         "--eval-minutes", "0.05", "--threads", "1", "--calibrate-prompts", "8", "--calibrate-tokens", "160",
+         "--profile-concurrency", "1", "2", "--profile-repeats", "2", "--block-size", "8"]
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    base = write_tiny_llama(root / "base")
+    out, work = root / "out", root / "work"
+    args = [str(base), str(out), "--work", str(work), "--mask-token", "<|draft|>", *SMALL]
+    assert cli_main(["distill", *args, "--minutes", "0.1", "--stop-after", "train"]) == 0
+    first = torch.load(work / "run" / "ckpt.pt", weights_only=False)["state"]
+    assert cli_main(["distill", *args, "--minutes", "0.2"]) == 0  # the same command, a longer budget: resumes
+    return {"base": base, "out": out, "work": work, "first": first}
+
+
+def test_distill_resumes_and_records_each_invocation(distilled):
+    work = distilled["work"]
+    state = torch.load(work / "run" / "ckpt.pt", weights_only=False)["state"]
+    first = distilled["first"]
+    assert state["runs"] == 2 and state["step"] > first["step"] and state["elapsed"] >= 0.2 * 60
+    assert state["log"][:len(first["log"])] == first["log"]  # the curve continues, nothing re-measured
+    assert [e["step"] for e in state["log"]] == sorted(e["step"] for e in state["log"])
+    commands = (work / "command.txt").read_text().splitlines()
+    assert len(commands) == 2 and all(c.startswith("recguide distill ") for c in commands)
+    assert "--stop-after train" in commands[0] and "--minutes 0.2" in commands[1]
+    mask = json.loads((work / "mask.json").read_text())
+    assert mask["mask_token"] == "<|draft|>" and mask["added"]
+
+
+def test_exported_folder_loads_with_remote_code_and_decodes_losslessly(distilled):
+    out, work = distilled["out"], distilled["work"]
+    for name in ("config.json", "generation_config.json", "modeling_recguide.py", "custom_generate/generate.py",
+                 "draft_lora/adapter_model.safetensors", "value_table.json", "cost_table.json", "README.md",
+                 "model.safetensors", "tokenizer.json"):
+        assert (out / name).exists(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["auto_map"] == {"AutoModelForCausalLM": "modeling_recguide.RecGuideLlamaForCausalLM"}
+    card = (out / "README.md").read_text()
+    assert "recguide distill " in card and "tau" in card
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32)
+    assert type(model).__name__ == "RecGuideLlamaForCausalLM" and hasattr(model, "draft_adapter")
+    mask_id = config["mask_token_id"]
+    assert tok.convert_ids_to_tokens(mask_id) == "<|draft|>"
+    base = AutoModelForCausalLM.from_pretrained(work / "base", dtype=torch.float32)  # the base with the MASK row
+    assert base.config.vocab_size == config["vocab_size"] == len(tok)
+    enc = tok(["def add(a, b):\n    return", "import os\nimport sys\n"], return_tensors="pt", padding=True)
+    ref = base.generate(**enc, max_new_tokens=32, do_sample=False, suppress_tokens=[mask_id])
+    for mode in ("recguide", "linear"):
+        out_ids = model.generate(**enc, max_new_tokens=32, recguide_mode=mode)
+        assert torch.equal(out_ids, ref), mode
+    # the drafting adapter is live: draft-mode logits differ from the adapter-off ones
+    from recguide_hf.models.draft_adapter import route
+
+    ids = torch.tensor([[5, 6, mask_id, mask_id]])
+    plain = model(input_ids=ids).logits
+    with route(model.draft_adapter, 0):
+        drafted = model(input_ids=ids).logits
+    assert not torch.allclose(plain, drafted)
+
+
+def test_without_weights_and_refusals(distilled, tmp_path):
+    parts = distilled["work"] / "parts"
+    slim = assemble_folder(distilled["work"] / "base", parts, tmp_path / "slim", 3, weights=False)
+    assert not list(slim.glob("*.safetensors")) and (slim / "draft_lora" / "adapter_model.safetensors").exists()
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(NotImplementedError, match="gpt2"):
+        assemble_folder(odd, None, tmp_path / "x", 0)
