@@ -28,7 +28,7 @@ _EXPORTS = {"DecodingConfig": "core.config", "RecGuideConfig": "models.modeling"
             "RecGuideForCausalLM": "models.modeling", "RecGuideLlamaForCausalLM": "models.modeling",
             "RecGuideQwen2ForCausalLM": "models.modeling", "RecGuideQwen3ForCausalLM": "models.modeling",
             "RecGuideMistralForCausalLM": "models.modeling", "RecGuideGenerateOutput": "integrations.generate",
-            "generate": "integrations.generate"}
+            "generate": "integrations.generate", "fetch": "models.known"}
 __all__ = [*_EXPORTS, "BUNDLED_MODEL", "__version__"]
 
 

@@ -39,6 +39,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from .. import BUNDLED_MODEL
+from ..models.known import resolve
 
 DEFAULT_MODEL = str(BUNDLED_MODEL)
 POOLED = ("new_tokens", "forwards", "rounds", "query_tokens", "accepted_drafts", "drafted", "branch_rounds",
@@ -69,6 +70,8 @@ class RecGuideLM(HFLM):
     """HFLM for a RecGuide model folder; per-call `recguide_*` settings come in through `--gen_kwargs`."""
 
     def __init__(self, pretrained=DEFAULT_MODEL, trust_remote_code: bool = True, **kwargs) -> None:
+        if isinstance(pretrained, str):  # a known model's name (`pretrained=smollm2`): its folder, made on first use
+            pretrained = str(resolve(pretrained))
         super().__init__(pretrained=pretrained, trust_remote_code=trust_remote_code, **kwargs)
         accelerator = getattr(self, "accelerator", None)
         if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1 \

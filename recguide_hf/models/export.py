@@ -114,6 +114,11 @@ def assemble_folder(base: Path, parts: Path | None, out: Path, mask_token_id: in
     for f in base.iterdir():
         if f.name in BASE_FILES or (weights and (f.suffix == ".safetensors" or f.name.endswith(".index.json"))):
             _place(f, out / f.name)
+    if (base / "tokenizer_config.json").exists():  # batches of prompts pad on the left, as decoding needs
+        tok_config = json.loads((base / "tokenizer_config.json").read_text())
+        tok_config.setdefault("padding_side", "left")
+        (out / "tokenizer_config.json").unlink()  # a link to the base's file: replaced, not edited
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     cls = SELF_SPECULATIVE[model_type]
     config.update(mask_token_id=mask_token_id, block_size=block_size,
                   auto_map={"AutoModelForCausalLM": f"modeling_recguide.{cls.__name__}"})
@@ -124,7 +129,6 @@ def assemble_folder(base: Path, parts: Path | None, out: Path, mask_token_id: in
     if (base / "generation_config.json").exists():  # the base's own stop tokens (an instruct model's end of turn)
         view.eos_token_id = json.loads((base / "generation_config.json").read_text()).get("eos_token_id",
                                                                                          view.eos_token_id)
-    default_generation_config(view, **recguide_settings).save_pretrained(out)
     for name, text in _shims_for(cls.__name__).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
@@ -134,4 +138,8 @@ def assemble_folder(base: Path, parts: Path | None, out: Path, mask_token_id: in
             shutil.copytree(src, out / name, dirs_exist_ok=True)
         elif src.exists():
             shutil.copy2(src, out / name)
+    if (out / "value_table.json").exists() and (out / "cost_table.json").exists():  # the policy has what it reads
+        recguide_settings = {"recguide_block_size": "auto", "recguide_cost_table": "cost_table.json",
+                             "recguide_value_table": "value_table.json", **recguide_settings}
+    default_generation_config(view, **recguide_settings).save_pretrained(out)
     return out

@@ -54,13 +54,13 @@ def tables(args, model, tokenizer, work: Path) -> None:
     loaded.to(args.device).eval()
     if not (parts / "value_table.json").exists():
         prompts = prompt_mix("train", tokenizer, args.calibrate_prompts, args.chat_share, seed=args.seed + 1)
-        table = calibrate_table(loaded, {"train": prompts}, max_new_tokens=args.calibrate_tokens,
-                                pad_token_id=tokenizer.pad_token_id)
+        table = calibrate_table(loaded, {"train": prompts}, args.profile_block_sizes,
+                                max_new_tokens=args.calibrate_tokens, pad_token_id=tokenizer.pad_token_id)
         table["calibration"] = {"prompts": "training-split mix (recguide distill)", "num_prompts": len(prompts),
                                 "max_new_tokens": args.calibrate_tokens}
         (parts / "value_table.json").write_text(json.dumps(table, indent=1) + "\n")
     if not (parts / "cost_table.json").exists():
-        table = profile_costs(loaded, args.profile_concurrency, repeats=args.profile_repeats)
+        table = profile_costs(loaded, args.profile_concurrency, args.profile_block_sizes, repeats=args.profile_repeats)
         (parts / "cost_table.json").write_text(json.dumps(table, indent=1) + "\n")
 
 

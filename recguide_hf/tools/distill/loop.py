@@ -190,6 +190,16 @@ class AdapterStudent:
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.first_draft = getattr(args, "first_draft", "mask")
 
+    @classmethod
+    def attached(cls, model, first_draft: str = "mask"):
+        """A student over a model whose drafting adapter is already attached (to measure a shipped adapter)."""
+        self = cls.__new__(cls)
+        self.model, self.adapter, self.first_draft = model, model.draft_adapter, first_draft
+        self.mask_id = model.config.mask_token_id
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        return self
+
     def parameters(self):
         return list(self.adapter.parameters())
 

@@ -124,6 +124,8 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
                                                                      "fitted on")
     e.add_argument("--calibrate-tokens", type=int, default=128, help="new tokens per calibration prompt")
     e.add_argument("--profile-concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    e.add_argument("--profile-block-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64],
+                   help="the block sizes the cost table prices (and so the policy may choose)")
     e.add_argument("--profile-repeats", type=int, default=5)
     e.add_argument("--block-size", type=int, default=16, help="the folder's default recguide_block_size")
     e.add_argument("--adapter-dtype", choices=["fp32", "bf16"], default="fp32",

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Everything measured on SmolLM2-135M-Instruct after its drafting LoRA was trained (docs/distill.md), in order, each
+# step logged; run it alone on the machine (every step times or trains). RECGUIDE_CACHE: where the folders live.
+#
+#   bash eval/smollm2_session.sh WORK     # WORK: the `recguide distill --work` folder of the training run
+set -euo pipefail
+WORK=${1:?usage: eval/smollm2_session.sh WORK}
+OUT=eval/results/smollm2
+SHIP=recguide_hf/bundled/smollm2
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+# 1. tables and the export (the training run's own command, continued: its steps already done are skipped)
+recguide distill "${RECGUIDE_CACHE:-$HOME/.cache/recguide}/smollm2-base" "$WORK/../out" --work "$WORK" --mask-token "<empty_output>" \
+    --teacher-minutes 22 --teacher-batch 48 --minutes 50 --base-name HuggingFaceTB/SmolLM2-135M-Instruct \
+    --calibrate-prompts 32 --profile-concurrency 1 4 16 --profile-block-sizes 1 2 4 8 16 32 --profile-repeats 3 \
+    --adapter-dtype bf16
+# 2. what the repository ships: the parts, not the base weights
+rm -rf "$SHIP" && mkdir -p "$SHIP" && cp -r "$WORK/parts/." "$SHIP/"
+recguide fetch smollm2
+# 3. the tau curve, and tau of the shipped (bf16-stored) adapter on the same held-out rows
+python eval/tau_curve.py "$SHIP/draft_lora/distill_log.json" --out "$OUT"
+python eval/smollm2_check.py --work "$WORK" --out "$OUT/check.json"
+# 4. CPU closed loop and static batches against HF's fast paths (held-out prompts: HumanEval + prose)
+recguide bench --model smollm2 --methods ar ar-static ar-compile linear-4 linear-8 recguide --concurrency 1 16 \
+    --max-new-tokens 64 --repeats 2 --min-prompts 8 --out "$OUT/cpu"
+# 5. the B200 simulation: closed loop, then the bursty open loop
+recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --concurrency 1 8 32 --max-new-tokens 64 \
+    --repeats 1 --min-prompts 16 --out "$OUT/b200"
+recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --arrivals bursty:8,64,4 \
+    --max-new-tokens 48 --out "$OUT/b200_open"
+# 6. lm-eval's local tasks: recguide responses = AR responses, and the score against the bundled model's
+python eval/lm_eval_parity.py --model "$(recguide fetch smollm2)" --limit 32 --json "$OUT/lm_eval_parity.json"
+python eval/lm_eval_parity.py --model recguide_hf/bundled/recguide-tiny --limit 32 --json "$OUT/lm_eval_bundled.json"
