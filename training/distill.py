@@ -36,12 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from pathlib import Path
 
 import torch
 from teacher_data import greedy
-from tqdm import tqdm
 from train import TeacherBatches
 from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -53,8 +51,8 @@ from recguide_hf.tools.distill.loop import (  # noqa: F401  (re-exported for tes
     correction_hits,
     decay_weights,
     distill_loss,
-    save,
-    set_lr,
+    resume,
+    run_loop,
     verifier_pass,
 )
 from recguide_hf.tools.prompts import load_prompts
@@ -147,6 +145,17 @@ def measure(student, verifier, rows: dict[str, torch.Tensor], prompt_len: int, b
 
 
 # ---------------------------------------------------------------- the loop
+class PromptRows:
+    """TeacherBatches as the shared loop reads teacher rows: `(x, lo, valid)`, every prompt `prompt_len` long."""
+
+    def __init__(self, batches: TeacherBatches):
+        self.batches = batches
+
+    def next(self):
+        x, valid = self.batches.next()
+        return x, self.batches.prompt_len, valid
+
+
 def train(args):
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -166,7 +175,6 @@ def train(args):
     num_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     batches = TeacherBatches(args.teacher_data, args.batch_size, args.seed)
-    lo = batches.prompt_len
     held = {k: v.to(device) for k, v in heldout_rows(verifier, tokenizer, 96, 128, args.eval_prompts).items()}
     state = {"step": 0, "elapsed": 0.0, "tokens": 0, "log": [], "previous_minutes": args.previous_minutes,
              "sessions": []}
@@ -177,12 +185,8 @@ def train(args):
         state["sessions"] = prev.get("sessions", []) + [
             {k: prev.get(k) for k in ("args", "step", "elapsed", "tokens", "teacher_data")}]
     ckpt = args.run / "ckpt.pt"
-    if args.resume and ckpt.exists():
-        blob = torch.load(ckpt, weights_only=False)
-        for p, saved in zip(params, blob["params"]):
-            p.data.copy_(saved)
-        opt.load_state_dict(blob["opt"])
-        state = blob["state"]
+    if args.resume:
+        state = resume(params, opt, ckpt, state)
     if args.moments_from is not None and not (args.resume and ckpt.exists()):
         # AdamW's moments from the run that made --init: a warm restart then starts with calibrated step sizes
         blob = torch.load(args.moments_from, weights_only=False)
@@ -191,47 +195,10 @@ def train(args):
         if not same:
             raise ValueError(f"{args.moments_from} was not saved with the parameters in --init {args.init}")
         opt.load_state_dict(blob["opt"])
-    gen = torch.Generator().manual_seed(args.seed + state["step"])
-    budget = args.minutes * 60
-
-    def record(train_parts=None):
-        metrics = measure(student, verifier, held, 96)
-        entry = {"step": state["step"], "minutes": round((state["elapsed"]) / 60 + state["previous_minutes"], 2),
-                 "target_tokens": state["tokens"], **(train_parts or {}), **metrics}
-        state["log"].append(entry)
-        print(json.dumps(entry), flush=True)
-
     print(f"{args.student}: {num_params / 1e6:.2f}M trainable parameters, budget {args.minutes} min, "
           f"{len(batches.tokens)} teacher rows", flush=True)
-    if state["step"] == 0:  # where this run starts (for --init: the adapter it continues, re-measured)
-        record()
-    bar = tqdm(total=int(budget), initial=int(state["elapsed"]), unit="s", desc=args.student, mininterval=10)
-    last_ckpt = last_eval = time.time()
-    t0 = time.time() - state["elapsed"]
-    while state["elapsed"] < budget:
-        set_lr(opt, args.lr, state["step"], args.warmup, state["elapsed"] / budget)
-        x, valid = (t.to(device) for t in batches.next())
-        cache, teacher_logp = verifier_pass(verifier, x, student.mask_id)
-        loss, ce = student.loss(x, valid, teacher_logp, cache, args, gen, lo)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        state["step"] += 1
-        state["tokens"] += int((valid - lo).sum())
-        state["elapsed"] = time.time() - t0
-        bar.update(int(state["elapsed"]) - bar.n)
-        if state["step"] % 10 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}", ce=f"{ce.item():.3f}")
-        if time.time() - last_eval > args.eval_minutes * 60:
-            record({"loss": round(loss.item(), 4), "ce": round(ce.item(), 4)})
-            last_eval = time.time()
-        if time.time() - last_ckpt > args.ckpt_minutes * 60:
-            save(student, opt, params, state, args.run)
-            last_ckpt = time.time()
-    bar.close()
-    record({"loss": round(loss.item(), 4), "ce": round(ce.item(), 4)})
-    save(student, opt, params, state, args.run)
+    run_loop(student, verifier, PromptRows(batches), opt, state, args, args.run,
+             lambda: measure(student, verifier, held, 96), desc=args.student)
     reports = [json.loads(t.read_text()) for t in (d.with_suffix(".json") for d in args.teacher_data) if t.exists()]
     logged = {k: " ".join(map(str, v)) if k == "teacher_data" else str(v) for k, v in vars(args).items()}
     (args.run / "final" / "distill_log.json").write_text(json.dumps(

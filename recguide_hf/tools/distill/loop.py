@@ -204,6 +204,7 @@ class AdapterStudent:
         return list(self.adapter.parameters())
 
     def block_logits(self, cache, x, valid, lo, block, num_blocks, gen):
+        lo = lo.cpu() if torch.is_tensor(lo) else lo
         ids, pos, labels, _, allowed = draft_blocks(x.cpu(), block, num_blocks, self.mask_id, gen, lo=lo,
                                                     valid=valid.cpu())
         dev = x.device
@@ -307,63 +308,36 @@ def load_rows(path: Path):
 
 
 # ---------------------------------------------------------------- the loop
-def train(args, verifier, tokenizer, work: Path) -> Path:
-    """Distil a drafting adapter into `work/run/final` (resuming `work/run/ckpt.pt` when there is one) until
-    `args.minutes` of training have passed in all; returns the final adapter folder."""
-    from .teacher import TeacherRows
-
-    run = work / "run"
-    final = run / "final"
-    ckpt = run / "ckpt.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)["state"]
-        if state["elapsed"] >= args.minutes * 60:
-            print(f"training: {state['elapsed'] / 60:.1f} of {args.minutes} minutes done, nothing to do", flush=True)
-            return final
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    device = next(verifier.parameters()).device
-    student = AdapterStudent(verifier, args)
+def run_loop(student, verifier, batches, opt, state: dict, args, run: Path, measure, desc: str = "distill") -> None:
+    """Train `student` until `state["elapsed"]` reaches `args.minutes` (minutes in all, across resumed runs): each step
+    one verifier pass over a batch of teacher rows `(x, lo, valid)` and the student's loss; a checkpoint every
+    `args.ckpt_minutes`, `measure()` (-> metrics) logged every `args.eval_minutes` and at the end. `state` holds the
+    step, the training seconds and CPU seconds (measuring excluded), the target tokens and the log; it is saved in
+    the checkpoint, so a later call continues the schedule and the curve. Both `recguide distill` and the bundled
+    model's training/distill.py train with it."""
     params = student.parameters()
-    num_params = sum(p.numel() for p in params)
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    batches = TeacherRows([work / "teacher" / "train.npz"], args.batch_size, args.seed)
-    held = {p.stem.removeprefix("heldout_"): load_rows(p) for p in sorted((work / "teacher").glob("heldout_*.npz"))}
-    state = {"step": 0, "elapsed": 0.0, "cpu_seconds": 0.0, "tokens": 0, "log": [], "runs": 0}
-    if ckpt.exists():
-        blob = torch.load(ckpt, weights_only=False)
-        for p, saved in zip(params, blob["params"]):
-            p.data.copy_(saved)
-        opt.load_state_dict(blob["opt"])
-        state = blob["state"]
-        print(f"resuming at step {state['step']} ({state['elapsed'] / 60:.1f} min)", flush=True)
-    state["runs"] += 1
+    device = next(verifier.parameters()).device
     gen = torch.Generator().manual_seed(args.seed + state["step"])
-    batches.rng = np.random.default_rng(args.seed + state["step"])
     budget = args.minutes * 60
+    state.setdefault("cpu_seconds", 0.0)
 
     def record(parts=None):
-        was = student.adapter.training
-        entry = {"step": state["step"], "minutes": round(state["elapsed"] / 60, 2),
-                 "cpu_hours": round(state["cpu_seconds"] / 3600, 3), "target_tokens": state["tokens"], **(parts or {})}
-        for name, (x, lo, valid) in held.items():
-            taus = heldout_taus(student, verifier, x.to(device), lo.to(device), valid.to(device))
-            entry.update({f"{k}_{name}": v for k, v in taus.items()})
-        student.adapter.train(was)
+        entry = {"step": state["step"], "minutes": round(state["elapsed"] / 60 + state.get("previous_minutes", 0), 2),
+                 "cpu_hours": round(state["cpu_seconds"] / 3600, 3), "target_tokens": state["tokens"],
+                 **(parts or {}), **measure()}
         state["log"].append(entry)
         print(json.dumps(entry), flush=True)
 
-    print(f"adapter: {num_params / 1e6:.2f}M trainable parameters on {student.adapter.target_modules}, budget "
-          f"{args.minutes} min, {len(batches)} teacher rows", flush=True)
-    if state["step"] == 0:
+    if state["step"] == 0:  # where this run starts (a continued adapter: re-measured)
         record()
-    bar = tqdm(total=int(budget), initial=int(state["elapsed"]), unit="s", desc="distill", mininterval=10)
+    bar = tqdm(total=int(budget), initial=int(state["elapsed"]), unit="s", desc=desc, mininterval=10)
     last_ckpt = last_eval = time.time()
     t0, c0 = time.time() - state["elapsed"], time.process_time() - state["cpu_seconds"]
     loss = ce = torch.zeros(())
     while state["elapsed"] < budget:
         set_lr(opt, args.lr, state["step"], args.warmup, state["elapsed"] / budget)
-        x, lo, valid = (t.to(device) for t in batches.next())
+        x, lo, valid = batches.next()
+        x, valid = x.to(device), valid.to(device)
         cache, teacher_logp = verifier_pass(verifier, x, student.mask_id)
         loss, ce = student.loss(x, valid, teacher_logp, cache, args, gen, lo)
         opt.zero_grad(set_to_none=True)
@@ -371,7 +345,7 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         state["step"] += 1
-        state["tokens"] += int((valid - lo).sum())
+        state["tokens"] += int((valid.cpu() - lo).sum())
         state["elapsed"], state["cpu_seconds"] = time.time() - t0, time.process_time() - c0
         bar.update(int(state["elapsed"]) - bar.n)
         if state["step"] % 10 == 0:
@@ -387,11 +361,62 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
     bar.close()
     record({"loss": round(loss.item(), 4), "ce": round(ce.item(), 4)})
     save(student, opt, params, state, run)
+
+
+def resume(params, opt, ckpt: Path, state: dict) -> dict:
+    """The checkpoint's parameters and optimizer moments into `params` / `opt`; returns its state (else `state`)."""
+    if not ckpt.exists():
+        return state
+    blob = torch.load(ckpt, weights_only=False)
+    for p, saved in zip(params, blob["params"]):
+        p.data.copy_(saved)
+    opt.load_state_dict(blob["opt"])
+    return blob["state"]
+
+
+def train(args, verifier, tokenizer, work: Path) -> Path:
+    """`recguide distill`'s training step: a drafting adapter into `work/run/final`, resuming `work/run/ckpt.pt`
+    when there is one, until `args.minutes` of training have passed in all; returns the final adapter folder."""
+    from .teacher import TeacherRows
+
+    run = work / "run"
+    ckpt = run / "ckpt.pt"
+    if ckpt.exists():
+        done = torch.load(ckpt, weights_only=False)["state"]["elapsed"]
+        if done >= args.minutes * 60:
+            print(f"training: {done / 60:.1f} of {args.minutes} minutes done, nothing to do", flush=True)
+            return run / "final"
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    device = next(verifier.parameters()).device
+    student = AdapterStudent(verifier, args)
+    params = student.parameters()
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    batches = TeacherRows([work / "teacher" / "train.npz"], args.batch_size, args.seed)
+    held = {p.stem.removeprefix("heldout_"): load_rows(p) for p in sorted((work / "teacher").glob("heldout_*.npz"))}
+    state = resume(params, opt, ckpt, {"step": 0, "elapsed": 0.0, "cpu_seconds": 0.0, "tokens": 0, "log": [],
+                                       "runs": 0})
+    if state["step"]:
+        print(f"resuming at step {state['step']} ({state['elapsed'] / 60:.1f} min)", flush=True)
+    state["runs"] = state.get("runs", 0) + 1
+    batches.rng = np.random.default_rng(args.seed + state["step"])
+
+    def measure():
+        out = {}
+        for name, (x, lo, valid) in held.items():
+            taus = heldout_taus(student, verifier, x.to(device), lo.to(device), valid.to(device))
+            out.update({f"{k}_{name}": v for k, v in taus.items()})
+        return out
+
+    num_params = sum(p.numel() for p in params)
+    print(f"adapter: {num_params / 1e6:.2f}M trainable parameters on {student.adapter.target_modules}, budget "
+          f"{args.minutes} min, {len(batches)} teacher rows", flush=True)
+    run_loop(student, verifier, batches, opt, state, args, run, measure)
     logged = {k: str(v) for k, v in vars(args).items()}
-    (final / "distill_log.json").write_text(json.dumps(
+    (run / "final" / "distill_log.json").write_text(json.dumps(
         {"args": logged, "trainable_parameters": num_params,
          "teacher_rows": json.loads((work / "teacher" / "train.json").read_text()), **state}, indent=1))
-    return final
+    return run / "final"
 
 
 def save(student, opt, params, state, run: Path):
