@@ -41,6 +41,7 @@ BUNDLED = ROOT / "recguide_hf" / "bundled" / "recguide-tiny"
 
 SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
 POLICY = ("<!-- policy:start -->", "<!-- policy:end -->")
+SMOLLM2 = ("<!-- smollm2:start -->", "<!-- smollm2:end -->")
 TEMPLATES = Path(__file__).resolve().parent / "readme"  # the prose of every block, in Markdown (Jinja2)
 
 
@@ -153,6 +154,57 @@ def serving_results(res: Path) -> str:
     text = render("serving.md", open_runs=runs, ceiling=ceiling_summary(res / "open_loop_ceiling" / "ceiling.json"),
                   load=json.loads(load.read_text()) if load.exists() else None)
     return text or "(no serving runs recorded yet)"
+
+
+def smollm2_results(res: Path) -> str:
+    """SmolLM2-135M-Instruct's measurements (eval/smollm2_session.sh, results in smollm2/): the tau curve, the shipped
+    adapter and the issue's prompt, the CPU bench against HF's fast paths, the B200 simulation (closed and open
+    loop) and lm-eval's local tasks, each with the command that made it."""
+    from lm_eval_parity import table as parity_table
+
+    from recguide_hf.tools.openloop import markdown_open, verdict
+
+    d = res / "smollm2"
+    if not (d / "check.json").exists():
+        return "(SmolLM2 not measured yet: bash eval/smollm2_session.sh WORK)"
+    out = ["### Acceptance: the tau curve", "", (d / "tau_curve.md").read_text().strip(), "",
+           "![tau curve](eval/results/smollm2/tau_curve.png)", ""]
+    check = json.loads((d / "check.json").read_text())
+    out += ["### As shipped", "",
+            "The adapter is stored in bf16; on the same held-out rows (`python eval/smollm2_check.py`):", ""]
+    out += ["| set | B = 4 | B = 8 | B = 16 | trained (fp32) B = 8 |", "|---|---|---|---|---|"]
+    for name, taus in check["shipped_adapter_taus"].items():
+        out.append(f"| {name} | {taus['tau_B4']:.2f} | {taus['tau_B8']:.2f} | {taus['tau_B16']:.2f} | "
+                   f"{check['trained_adapter_taus_fp32'].get(f'tau_B8_{name}', float('nan')):.2f} |")
+    rg = check["generate"]["recguide"]
+    out += ["", f"`{rg['command']}` printed (equal to the base's HF greedy output: "
+            f"{'yes' if all(r['equal_to_hf_greedy'] for r in check['generate'].values()) else 'NO'}):", "",
+            "```text", rg["printed"].rstrip(), "```", ""]
+    for name, title in (("cpu", "CPU closed loop against HF's fast paths"),
+                        ("b200", "Closed loop under the B200 cost table (a simulation: this model's acceptance, "
+                                 "NLD-8B's prices)")):
+        if (d / name / "bench.md").exists():
+            out += [f"### {title}", "", (d / name / "bench.md").read_text().strip(), ""]
+    if (d / "b200_open" / "open_loop.json").exists():
+        run = json.loads((d / "b200_open" / "open_loop.json").read_text())
+        out += ["### Bursty open loop under the B200 cost table (a simulation)", "",
+                f"Command: `{run['environment']['command']}`", "", markdown_open(run["rows"]), "",
+                verdict(run["rows"]) or "", ""]
+    if (d / "lm_eval_parity.json").exists():
+        report = json.loads((d / "lm_eval_parity.json").read_text())
+        mode = next(m for m in report["gen_kwargs"] if m != "ar")
+        out += ["### lm-eval's local tasks", "", f"Command: `python eval/{report['command']}`", "",
+                parity_table(report, mode), ""]
+        if (d / "lm_eval_bundled.json").exists():
+            bundled = json.loads((d / "lm_eval_bundled.json").read_text())
+            out += ["| task | SmolLM2 exact match / edit similarity | bundled recguide-tiny |", "|---|---|---|"]
+            for task, t in report["tasks"].items():
+                b = bundled["tasks"][task]["metrics"]["ar"]
+                m = t["metrics"]["ar"]
+                out.append(f"| {task} | {m['exact_match']:.3f} / {m['edit_similarity']:.3f} | "
+                           f"{b['exact_match']:.3f} / {b['edit_similarity']:.3f} |")
+            out.append("")
+    return "\n".join(out).rstrip()
 
 
 def ceiling_summary(path: Path) -> dict | None:
@@ -444,7 +496,8 @@ def blocks() -> list[tuple[tuple[str, str], str, str]]:
     out += [(ROUND, round_table(res), "\n"), (COMPILED_ROUND, compiled_round_table(res), "\n"),
                (SERVE, serve_table(res), "\n"), (BRANCHES, branch_table(res), "\n"),
                (("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), ""),
-               (SERVING, serving_results(res), "\n"), (POLICY, policy_table(res), "\n")]
+               (SERVING, serving_results(res), "\n"), (POLICY, policy_table(res), "\n"),
+               (SMOLLM2, smollm2_results(res), "\n")]
     return out
 
 

@@ -86,3 +86,24 @@ def test_without_weights_and_refusals(distilled, tmp_path):
     (odd / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(NotImplementedError, match="gpt2"):
         assemble_folder(odd, None, tmp_path / "x", 0)
+
+
+def test_mask_token_taken_added_or_placed_in_a_padded_row(tmp_path):
+    """load_base: a token the vocabulary has is taken (the model unchanged); a new one is added, as a new embedding
+    row or, when the embedding is padded past the tokenizer (Qwen's), in the first unused row, set to the mean."""
+    from recguide_hf.tools.distill.make import load_base
+
+    base = write_tiny_llama(tmp_path / "base")
+    original = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model, tok, added = load_base(base, "<|mask|>")
+    assert not added and model.config.mask_token_id == tok.convert_tokens_to_ids("<|mask|>")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), original.state_dict().values()))
+    model, tok, added = load_base(base, "<|draft|>")
+    assert added and model.config.mask_token_id == len(tok) - 1 == original.config.vocab_size
+    assert model.get_input_embeddings().weight.shape[0] == len(tok)
+    padded = write_tiny_llama(tmp_path / "padded", vocab_pad=8)
+    rows = AutoModelForCausalLM.from_pretrained(padded, dtype=torch.float32).get_input_embeddings().weight.shape[0]
+    model, tok, added = load_base(padded, "<|draft|>")
+    emb = model.get_input_embeddings().weight
+    assert added and emb.shape[0] == rows and model.config.mask_token_id < rows
+    assert torch.allclose(emb[model.config.mask_token_id], emb[:len(tok) - 1].mean(0))

