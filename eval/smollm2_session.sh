@@ -22,7 +22,7 @@ recguide fetch smollm2
 python eval/tau_curve.py "$SHIP/draft_lora/distill_log.json" --out "$OUT"
 python eval/smollm2_check.py --work "$WORK" --out "$OUT/check.json"
 # 4. CPU closed loop and static batches against HF's fast paths (held-out prompts: HumanEval + prose)
-recguide bench --model smollm2 --methods ar ar-static ar-compile linear-4 linear-8 recguide --concurrency 1 16 \
+recguide bench --model smollm2 --methods ar ar-static ar-compile linear-1 linear-4 linear-8 recguide --concurrency 1 16 \
     --max-new-tokens 64 --repeats 2 --min-prompts 8 --out "$OUT/cpu"
 # 5. the B200 simulation: closed loop, then the bursty open loop
 recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --concurrency 1 8 32 --max-new-tokens 64 \

@@ -42,6 +42,8 @@ BUNDLED = ROOT / "recguide_hf" / "bundled" / "recguide-tiny"
 SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
 POLICY = ("<!-- policy:start -->", "<!-- policy:end -->")
 SMOLLM2 = ("<!-- smollm2:start -->", "<!-- smollm2:end -->")
+SMOLLM2_HEADLINE = ("<!-- smollm2-headline:start -->", "<!-- smollm2-headline:end -->")
+SMOLLM2_RUN = ("<!-- smollm2-run:start -->", "<!-- smollm2-run:end -->")
 TEMPLATES = Path(__file__).resolve().parent / "readme"  # the prose of every block, in Markdown (Jinja2)
 
 
@@ -185,6 +187,11 @@ def smollm2_results(res: Path) -> str:
                                  "NLD-8B's prices)")):
         if (d / name / "bench.md").exists():
             out += [f"### {title}", "", (d / name / "bench.md").read_text().strip(), ""]
+            if name == "cpu":
+                from recguide_hf.tools.bench import fastest_other_table
+
+                table, _ = fastest_other_table(json.loads((d / name / "bench.json").read_text()))
+                out += ["RecGuide against the fastest other method of the run at each C:", "", table, ""]
     if (d / "b200_open" / "open_loop.json").exists():
         run = json.loads((d / "b200_open" / "open_loop.json").read_text())
         out += ["### Bursty open loop under the B200 cost table (a simulation)", "",
@@ -205,6 +212,62 @@ def smollm2_results(res: Path) -> str:
                            f"{b['exact_match']:.3f} / {b['edit_similarity']:.3f} |")
             out.append("")
     return "\n".join(out).rstrip()
+
+
+def smollm2_run(res: Path) -> str:
+    """What README's first command printed, as eval/smollm2_check.py ran it (and whether it equalled HF greedy)."""
+    path = res / "smollm2" / "check.json"
+    if not path.exists():
+        return "(not run yet)"
+    check = json.loads(path.read_text())
+    rg = check["generate"]["recguide"]
+    same = "equal" if all(r["equal_to_hf_greedy"] for r in check["generate"].values()) else "NOT equal"
+    return (f"```text\n{rg['printed'].rstrip()}\n```\n\n(`eval/smollm2_check.py`'s run of that command, {same} to the "
+            "base model's HF greedy output token for token; the speed is this 2-core CPU's.)")
+
+
+def smollm2_headline(res: Path) -> str:
+    """README's sentence on the real model: held-out tau, the CPU bench against the fastest other method, the B200
+    simulation against the best fixed block, lossless or not; each from its results file."""
+    from recguide_hf.tools.bench import against_fastest_other, parse_method
+
+    d = res / "smollm2"
+    if not (d / "check.json").exists():
+        return "(SmolLM2 not measured yet)"
+    check = json.loads((d / "check.json").read_text())
+    log = json.loads((ROOT / "recguide_hf" / "bundled" / "smollm2" / "draft_lora" / "distill_log.json").read_text())
+    taus = ", ".join(f"{name} {t['tau_B8']:.2f}" for name, t in check["shipped_adapter_taus"].items())
+    parts = [f"**On SmolLM2-135M-Instruct**, a real instruct model (`recguide fetch smollm2`; its drafting LoRA "
+             f"trained here by `recguide distill` for {log['cpu_seconds'] / 3600:.1f} CPU core-hours): held-out tau at "
+             f"B = 8 {taus}"]
+    lossless = all(r["equal_to_hf_greedy"] for r in check["generate"].values())
+    if (d / "cpu" / "bench.json").exists():
+        bench = json.loads((d / "cpu" / "bench.json").read_text())
+        lossless &= all(r["equal_to_ar"] for r in bench["rows"])
+        by_c: dict[int, list] = {}
+        for r in bench["rows"]:
+            by_c.setdefault(r["concurrency"], []).append(r)
+        cells = []
+        for c in sorted(by_c):
+            a = against_fastest_other(by_c[c], "recguide", None)
+            if a is not None:
+                cells.append(f"C = {c} x{a['ratio']:.2f} ({a['best']['method']})")
+        parts.append(f"on this CPU ({bench['environment']['hardware']}) RecGuide against the fastest other method: "
+                     + ", ".join(cells))
+    if (d / "b200" / "bench.json").exists():
+        bench = json.loads((d / "b200" / "bench.json").read_text())
+        lossless &= all(r["equal_to_ar"] for r in bench["rows"])
+        cells = []
+        for c in sorted({r["concurrency"] for r in bench["rows"]}):
+            rows = [r for r in bench["rows"] if r["concurrency"] == c]
+            rg = next((r for r in rows if r["method"] == "recguide"), None)
+            fixed = [r for r in rows if parse_method(r["method"])[0] == "linear"]
+            if rg and fixed:
+                best = max(fixed, key=lambda r: r["aggregate_tps"])
+                cells.append(f"C = {c} x{rg['aggregate_tps'] / best['aggregate_tps']:.2f} ({best['method']})")
+        parts.append("under the B200 cost table (a simulation) against the best fixed block: " + ", ".join(cells))
+    return "; ".join(parts) + f". Every output equalled the base's HF greedy: {'yes' if lossless else 'NO'}. " \
+        "[A real model](docs/distill.md) has the tau curve, every table and the commands."
 
 
 def ceiling_summary(path: Path) -> dict | None:
@@ -497,7 +560,8 @@ def blocks() -> list[tuple[tuple[str, str], str, str]]:
                (SERVE, serve_table(res), "\n"), (BRANCHES, branch_table(res), "\n"),
                (("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), ""),
                (SERVING, serving_results(res), "\n"), (POLICY, policy_table(res), "\n"),
-               (SMOLLM2, smollm2_results(res), "\n")]
+               (SMOLLM2, smollm2_results(res), "\n"), (SMOLLM2_HEADLINE, smollm2_headline(res), "\n"),
+               (SMOLLM2_RUN, smollm2_run(res), "\n")]
     return out
 
 

@@ -4,10 +4,13 @@ clone, non-interactively, on the bundled model.
 Two kinds of block are not run here, each for a reason the test states and checks: installing (`pip install ...`:
 it would change the environment under test; CI installs the same package from a clone with the CPU torch first, by
 its own commands in `.ci/run`, not these lines) and the test command (`python -m pytest -q tests`: it runs the suite
-this test is part of, in a clone). Every other block runs: Python blocks as a script, shell blocks through
-bash, each in an empty folder with stdin closed.
+this test is part of, in a clone). `text` blocks quote what a command printed; they are not commands. Every other
+block runs: Python blocks as a script, shell blocks through bash, each in an empty folder with stdin closed. Known
+models (`--model smollm2`) are fetched into the machine's own cache (`RECGUIDE_CACHE`, else ~/.cache/recguide), so
+the download and conversion happen once per machine, not once per block.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -44,14 +47,15 @@ def skipped(code: str) -> bool:
     return bool(commands) and all(any(c.startswith(k) for k in NOT_RUN) for c in commands)
 
 
-CASES = [(page, i, lang, code) for page in PAGES for i, (lang, code) in enumerate(blocks(page))]
+CASES = [(page, i, lang, code) for page in PAGES for i, (lang, code) in enumerate(blocks(page)) if lang != "text"]
+CACHE = os.environ.get("RECGUIDE_CACHE", str(Path.home() / ".cache" / "recguide"))
 
 
 def test_the_pages_have_blocks_and_only_the_stated_ones_are_not_run():
     """Each page shows the install, and README the test command; those and nothing else are the blocks not run."""
     not_run = [(page, code) for page, _, lang, code in CASES if lang == "bash" and skipped(code)]
     assert {page for page, _ in not_run} == set(PAGES)
-    assert all(lang in ("bash", "python") for _, _, lang, _ in CASES)
+    assert all(lang in ("bash", "python", "text") for page in PAGES for lang, _ in blocks(page))
     assert any(page == "README.md" and "python -m pytest" in code for page, code in not_run)
     assert sum(lang == "python" for _, _, lang, _ in CASES) >= 3  # README's example, Quick start's two
 
@@ -62,7 +66,7 @@ def test_block_runs_from_outside_the_clone(page, index, lang, code, tmp_path):
         pytest.skip(f"{page} block {index}: " + "; ".join(v for k, v in NOT_RUN.items() if k in code))
     # `recguide` and this Python on the PATH, nothing else; torch's threads as a reader's shell has them (a block that
     # sets OMP_NUM_THREADS itself sets it here too)
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOME": str(tmp_path),
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOME": str(tmp_path), "RECGUIDE_CACHE": CACHE,
            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     if lang == "python":
         (tmp_path / "block.py").write_text(code)

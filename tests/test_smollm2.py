@@ -19,13 +19,14 @@ PROMPT = "Write a Python function that reverses a string."
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2():
     pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from recguide_hf.models import known
 
-    cache = os.environ.get("RECGUIDE_TEST_CACHE") or str(tmp_path_factory.mktemp("recguide-cache"))
+    # the machine's own cache, as a user's (README's block fetches into it too): one download and conversion per machine
+    cache = os.environ.get("RECGUIDE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "recguide"))
     env = {**os.environ, "RECGUIDE_CACHE": cache, "OMP_NUM_THREADS": "1"}
     fetched = subprocess.run([sys.executable, "-m", "recguide_hf", "fetch", "smollm2"], env=env, capture_output=True,
                              text=True, timeout=900)

@@ -112,7 +112,9 @@ never saw), before -> after training:
 {chr(10).join(commands)}
 ```
 
-`recguide distill` resumes from its work folder: the same command continues a stopped run.
+`recguide distill` resumes from its work folder: the same command continues a stopped run. Its budgets are
+wall-clock (`--teacher-minutes`, `--minutes`): the same commands on another machine run the same recipe for the same
+time, so the number of teacher rows and of training steps (and so the weights) follow that machine's speed.
 """
 
 
