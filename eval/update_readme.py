@@ -260,7 +260,7 @@ def smollm2_headline(res: Path) -> str:
         cells = []
         for c in sorted({r["concurrency"] for r in bench["rows"]}):
             rows = [r for r in bench["rows"] if r["concurrency"] == c]
-            rg = next((r for r in rows if r["method"] == "recguide"), None)
+            rg = next((r for r in rows if parse_method(r["method"])[0] == "recguide"), None)
             fixed = [r for r in rows if parse_method(r["method"])[0] == "linear"]
             if rg and fixed:
                 best = max(fixed, key=lambda r: r["aggregate_tps"])

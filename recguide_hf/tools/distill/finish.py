@@ -75,26 +75,28 @@ def card(args, tokenizer, work: Path, parts: Path) -> str:
                                               for b in (4, 8, 16)) + " |" for s in sets)
     teacher = log.get("teacher_rows", {})
     size = sum(f.stat().st_size for f in (parts / "draft_lora").glob("*.safetensors"))
-    targets = ", ".join(json.loads((parts / "draft_lora" / "adapter_config.json").read_text())["target_modules"])
+    adapter = json.loads((parts / "draft_lora" / "adapter_config.json").read_text())
+    targets = ", ".join(sorted(adapter["target_modules"]))
+    vocab = "extended by it" if (work / "base").exists() else "unchanged (an existing token the base does not use)"
     return f"""---
 license: {args.license}
 base_model: {args.base_name or args.base.name}
 tags: [recguide, self-speculative, speculative-decoding]
 ---
-# {args.out.name}: {args.base_name or args.base.name}, self-speculative
+# {(args.base_name or args.base.name).split("/")[-1]}, self-speculative
 
 The base model, unchanged, plus a drafting LoRA that only draft tokens see (NLD's recipe): with RecGuide decoding
 (`model.generate` through this folder's `custom_generate`, loaded with `trust_remote_code=True`) the output is the
-base model's own greedy output, token for token, produced in fewer forwards.
+base model's own greedy output, token for token; where drafting pays on the hardware (its cost table decides: on a
+small CPU it often does not, and the policy takes plain steps), in fewer forwards.
 
-* MASK token: `{tokenizer.convert_ids_to_tokens(log_mask(work))}` (id {log_mask(work)}); the vocabulary is
-  {"extended by it" if (work / "base").exists() else "unchanged (an existing token the base does not use)"}.
-* Drafting LoRA: rank {args.rank}, alpha {args.alpha}, on {targets};
-  {log["trainable_parameters"] / 1e6:.2f}M parameters, stored as {args.adapter_dtype} ({size / 2**20:.1f} MiB).
+* MASK token: `{tokenizer.convert_ids_to_tokens(log_mask(work))}` (id {log_mask(work)}); the vocabulary is {vocab}.
+* Drafting LoRA: rank {args.rank}, alpha {args.alpha}, on {targets}; {log["trainable_parameters"] / 1e6:.2f}M
+  parameters, stored as {args.adapter_dtype} ({size / 2**20:.1f} MiB).
 * Trained by self-distillation on the base's own greedy continuations: {teacher.get("rows")} rows,
-  {teacher.get("continuation_tokens")} continuation tokens ({teacher.get("seconds")} s to generate), chat
-  instructions and raw code from the Python standard library's training split; {log["step"]} steps,
-  {log["elapsed"] / 60:.1f} minutes ({log["cpu_seconds"] / 3600:.2f} CPU-hours) on {platform.machine()} /
+  {teacher.get("continuation_tokens")} continuation tokens ({teacher.get("seconds")} s to generate), chat instructions
+  and raw code from the Python standard library's training split; {log["step"]} steps, {log["elapsed"] / 60:.1f}
+  minutes ({log["cpu_seconds"] / 3600:.2f} CPU core-hours: the process's CPU time) on {platform.machine()} /
   {args.device}.
 
 ## Measured acceptance (held-out rows, accepted-run estimate)
