@@ -181,7 +181,7 @@ def smollm2_results(res: Path) -> str:
     rg = check["generate"]["recguide"]
     out += ["", f"`{rg['command']}` printed (equal to the base's HF greedy output: "
             f"{'yes' if all(r['equal_to_hf_greedy'] for r in check['generate'].values()) else 'NO'}):", "",
-            "```text", rg["printed"].rstrip(), "```", ""]
+            "\n".join("    " + line if line.strip() else "" for line in rg["printed"].rstrip().splitlines()), ""]
     for name, title in (("cpu", "CPU closed loop against HF's fast paths"),
                         ("b200", "Closed loop under the B200 cost table (a simulation: this model's acceptance, "
                                  "NLD-8B's prices)")):
@@ -222,8 +222,10 @@ def smollm2_run(res: Path) -> str:
     check = json.loads(path.read_text())
     rg = check["generate"]["recguide"]
     same = "equal" if all(r["equal_to_hf_greedy"] for r in check["generate"].values()) else "NOT equal"
-    return (f"```text\n{rg['printed'].rstrip()}\n```\n\n(`eval/smollm2_check.py`'s run of that command, {same} to the "
-            "base model's HF greedy output token for token; the speed is this 2-core CPU's.)")
+    quoted = "\n".join("    " + line if line.strip() else "" for line in rg["printed"].rstrip().splitlines())
+    # an indented block: the reply holds fences of its own
+    return (f"{quoted}\n\n(`eval/smollm2_check.py`'s run of that command, {same} to the base model's HF greedy output "
+            "token for token; the speed is this 2-core CPU's.)")
 
 
 def smollm2_headline(res: Path) -> str:

@@ -32,7 +32,8 @@ pytestmark = pytest.mark.skipif(not (BUNDLED_MODEL / "model.safetensors").exists
 
 def blocks(page: str) -> list[tuple[str, str]]:
     """(language, code) of every fenced block of `page`, in order."""
-    return re.findall(r"```(\w+)\n(.*?)```", (ROOT / page).read_text(), re.S)
+    # fences at the start of a line: an indented block (a quoted output) may hold fences of its own
+    return re.findall(r"^```(\w+)\n(.*?)^```", (ROOT / page).read_text(), re.S | re.M)
 
 
 def python_example() -> str:
