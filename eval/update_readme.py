@@ -181,7 +181,7 @@ def smollm2_results(res: Path) -> str:
     rg = check["generate"]["recguide"]
     out += ["", f"`{rg['command']}` printed (equal to the base's HF greedy output: "
             f"{'yes' if all(r['equal_to_hf_greedy'] for r in check['generate'].values()) else 'NO'}):", "",
-            "\n".join("    " + line if line.strip() else "" for line in rg["printed"].rstrip().splitlines()), ""]
+            indented(rg["printed"]), ""]
     for name, title in (("cpu", "CPU closed loop against HF's fast paths"),
                         ("b200", "Closed loop under the B200 cost table (a simulation: this model's acceptance, "
                                  "NLD-8B's prices)")):
@@ -214,6 +214,11 @@ def smollm2_results(res: Path) -> str:
     return "\n".join(out).rstrip()
 
 
+def indented(printed: str) -> str:
+    """A command's output as an indented Markdown block (not fenced: a model's reply holds fences of its own)."""
+    return "\n".join("    " + line if line.strip() else "" for line in printed.rstrip().splitlines())
+
+
 def smollm2_run(res: Path) -> str:
     """What README's first command printed, as eval/smollm2_check.py ran it (and whether it equalled HF greedy)."""
     path = res / "smollm2" / "check.json"
@@ -222,10 +227,8 @@ def smollm2_run(res: Path) -> str:
     check = json.loads(path.read_text())
     rg = check["generate"]["recguide"]
     same = "equal" if all(r["equal_to_hf_greedy"] for r in check["generate"].values()) else "NOT equal"
-    quoted = "\n".join("    " + line if line.strip() else "" for line in rg["printed"].rstrip().splitlines())
-    # an indented block: the reply holds fences of its own
-    return (f"{quoted}\n\n(`eval/smollm2_check.py`'s run of that command, {same} to the base model's HF greedy output "
-            "token for token; the speed is this 2-core CPU's.)")
+    return (f"{indented(rg['printed'])}\n\n(`eval/smollm2_check.py`'s run of that command, {same} to the base "
+            "model's HF greedy output token for token; the speed is this 2-core CPU's.)")
 
 
 def smollm2_headline(res: Path) -> str:

@@ -7,6 +7,7 @@ import torch
 from transformers import GenerationConfig
 
 from recguide_hf import RecGuideConfig, RecGuideForCausalLM
+from recguide_hf.core import masks
 from recguide_hf.core.masks import build_mask, causal_intra, positions
 from recguide_hf.testing.split_check import layout_tolerance
 
@@ -40,13 +41,7 @@ def random_prompts(n: int, vocab: int, min_len: int = 1, max_len: int = 12, seed
 
 
 def left_pad(prompts, pad: int = PAD):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids, mask
+    return masks.left_pad(prompts, pad)
 
 
 @pytest.fixture(scope="session")

@@ -185,8 +185,8 @@ def train(args):
         state["sessions"] = prev.get("sessions", []) + [
             {k: prev.get(k) for k in ("args", "step", "elapsed", "tokens", "teacher_data")}]
     ckpt = args.run / "ckpt.pt"
-    if args.resume:
-        state = resume(params, opt, ckpt, state)
+    if args.resume and ckpt.exists():
+        state = resume(params, opt, torch.load(ckpt, weights_only=False), state)
     if args.moments_from is not None and not (args.resume and ckpt.exists()):
         # AdamW's moments from the run that made --init: a warm restart then starts with calibrated step sizes
         blob = torch.load(args.moments_from, weights_only=False)

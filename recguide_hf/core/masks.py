@@ -14,6 +14,18 @@ from __future__ import annotations
 import torch
 
 
+def left_pad(prompts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of prompts (token-id lists or 1-D tensors) as `(input_ids, attention_mask)` [N, longest], padded on
+    the left: decoding appends on the right."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.as_tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Turn a boolean "may attend" mask into the additive float mask HF attention expects.
 

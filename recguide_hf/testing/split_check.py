@@ -98,18 +98,14 @@ def problems(record: dict, reference: dict | None = None) -> list[str]:
 
 def prompts(model, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`batch` seeded prompts of 3 to 9 tokens, left-padded: (ids [N, W], attention mask [N, W])."""
+    from ..core.masks import left_pad
+
     cfg = model.config
     special = {getattr(cfg, k, None) for k in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")}
     pool = torch.tensor([t for t in range(12, min(cfg.vocab_size, 100)) if t not in special])
     g = torch.Generator().manual_seed(seed)
     rows = [pool[torch.randint(len(pool), (int(n),), generator=g)] for n in torch.randint(3, 10, (batch,), generator=g)]
-    width = max(len(r) for r in rows)
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-    ids = torch.full((batch, width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
-    return ids, mask
+    return left_pad(rows, cfg.pad_token_id if cfg.pad_token_id is not None else 0)
 
 
 def plain_greedy(model, ids, mask, max_new_tokens: int) -> torch.Tensor:

@@ -165,13 +165,14 @@ def cmd_generate(args) -> int:
     tokenizer, model = load(args.model, args.dtype, args.device, args.adapter, with_tokenizer=has_tokenizer(folder),
                             device_map=args.device_map, offload_folder=args.offload_folder, tp=args.tp)
     device = as_backbone(model).device  # where the model takes its inputs (placed by a device map: its embeddings')
+    chat = chat_applies(args, tokenizer)
     if args.prompt_ids is not None:
         ids = torch.tensor([args.prompt_ids], device=device)
         enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    elif chat_applies(args, tokenizer):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)["input_ids"]
-        ids = torch.tensor([ids], device=device)
+    elif chat:
+        from .distill.prompts import chat_prompt_ids
+
+        ids = torch.tensor([chat_prompt_ids(tokenizer, args.prompt)], device=device)
         enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     else:
         enc = tokenizer([args.prompt], return_tensors="pt").to(device)
@@ -201,7 +202,7 @@ def cmd_generate(args) -> int:
         print(json.dumps({"mode": args.mode, "prompt": prompt, "text": text, "new_ids": new.tolist(),
                           "seconds": elapsed, **stats}))
         return 0
-    if text is not None and chat_applies(args, tokenizer):  # a chat reply: the prompt was the user's turn
+    if text is not None and chat:  # a chat reply: the prompt was the user's turn
         print(text)
     else:
         print(args.prompt + text if text is not None else f"{args.prompt_ids} -> {new.tolist()}")

@@ -36,7 +36,7 @@ import torch
 from ..core.compiled import CompiledForward
 from ..core.config import BLOCK_SIZES, DecodingConfig
 from ..core.engine import Engine, SamplingSettings
-from ..core.masks import block_intra, build_mask, causal_intra, positions
+from ..core.masks import block_intra, build_mask, causal_intra, left_pad, positions
 from ..models.registry import as_backbone
 
 
@@ -186,7 +186,6 @@ def calibrate_table(model, sets: dict[str, list[list[int]]], block_sizes=BLOCK_S
     from tqdm import tqdm
 
     from ..core.calibrate import Round, fit
-    from .distill.teacher import left_padded
 
     block = max(block_sizes)
     eos = model.generation_config.eos_token_id
@@ -196,7 +195,7 @@ def calibrate_table(model, sets: dict[str, list[list[int]]], block_sizes=BLOCK_S
     rounds: list[Round] = []
     for name, prompts in sets.items():
         for i in tqdm(range(0, len(prompts), batch), desc=f"calibrate {name}"):
-            ids, attn = left_padded(prompts[i:i + batch], pad)
+            ids, attn = left_pad(prompts[i:i + batch], pad)
             engine = Engine(backbone, DecodingConfig(mode="linear", block_size=block),
                             SamplingSettings(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad))
             _, stats = engine.generate(ids.to(backbone.device), attn.to(backbone.device), log_rounds=True)

@@ -368,11 +368,11 @@ def run_loop(student, verifier, batches, opt, state: dict, args, run: Path, meas
     save(student, opt, params, state, run)
 
 
-def resume(params, opt, ckpt: Path, state: dict) -> dict:
-    """The checkpoint's parameters and optimizer moments into `params` / `opt`; returns its state (else `state`)."""
-    if not ckpt.exists():
+def resume(params, opt, blob: dict | None, state: dict) -> dict:
+    """A checkpoint's (`torch.load` of a `save`d ckpt.pt) parameters and optimizer moments into `params` / `opt`;
+    returns its state (without a checkpoint: `state`)."""
+    if blob is None:
         return state
-    blob = torch.load(ckpt, weights_only=False)
     for p, saved in zip(params, blob["params"]):
         p.data.copy_(saved)
     opt.load_state_dict(blob["opt"])
@@ -386,8 +386,8 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
 
     run = work / "run"
     ckpt = run / "ckpt.pt"
-    if ckpt.exists():
-        blob = torch.load(ckpt, weights_only=False)
+    blob = torch.load(ckpt, weights_only=False) if ckpt.exists() else None
+    if blob is not None:
         if blob["state"]["elapsed"] >= args.minutes * 60:
             print(f"training: {blob['state']['elapsed'] / 60:.1f} of {args.minutes} minutes done", flush=True)
             if not (run / "final" / "distill_log.json").exists():  # stopped between the checkpoint and the log
@@ -400,7 +400,7 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     batches = TeacherRows([work / "teacher" / "train.npz"], args.batch_size, args.seed)
     held = {p.stem.removeprefix("heldout_"): load_rows(p) for p in sorted((work / "teacher").glob("heldout_*.npz"))}
-    state = resume(params, opt, ckpt, {"step": 0, "elapsed": 0.0, "cpu_seconds": 0.0, "tokens": 0, "log": [],
+    state = resume(params, opt, blob, {"step": 0, "elapsed": 0.0, "cpu_seconds": 0.0, "tokens": 0, "log": [],
                                        "runs": 0})
     if state["step"]:
         print(f"resuming at step {state['step']} ({state['elapsed'] / 60:.1f} min)", flush=True)

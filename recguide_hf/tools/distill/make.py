@@ -63,14 +63,13 @@ def heldout_sets(tokenizer, per_set: int) -> dict[str, list[list[int]]]:
     """Held-out prompts: chat instructions from held-out stdlib files (through the chat template, when there is
     one) and the project's held-out raw code prompts (their last 160 tokens)."""
     from ..prompts import load_prompts
-    from .prompts import chat_prompts
+    from .prompts import chat_prompt_ids, chat_prompts
 
     sets = {"code": [tokenizer(t, add_special_tokens=False)["input_ids"][-160:]
                      for t in load_prompts("code")[:per_set]]}
     if getattr(tokenizer, "chat_template", None) is not None:
         texts = chat_prompts("heldout")[::7][:per_set]
-        sets["chat"] = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                      tokenize=True, return_dict=True)["input_ids"] for t in texts]
+        sets["chat"] = [chat_prompt_ids(tokenizer, t) for t in texts]
     return sets
 
 
@@ -147,7 +146,9 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
 
 def prepare_base(args, work: Path):
     """Step 1: the frozen base with its MASK token (`WORK/mask.json`; `WORK/base` when the token was added)."""
-    source = work / "base" if (work / "base" / "config.json").exists() else args.base
+    from .finish import base_of
+
+    source = base_of(args, work)
     model, tokenizer, added = load_base(source, args.mask_token if source == args.base else None, args.device)
     if added:
         model.save_pretrained(work / "base")

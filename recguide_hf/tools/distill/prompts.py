@@ -115,6 +115,12 @@ def code_windows(split: str, tokenizer, count: int, min_tokens: int = 48, max_to
     return out
 
 
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    """`text` as the user's turn through the tokenizer's chat template, ready for the assistant's reply."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]
+
+
 def prompt_mix(split: str, tokenizer, count: int, chat_share: float = 0.7, seed: int = 0) -> list[list[int]]:
     """`count` prompts as token ids: `chat_share` of them instructions through the tokenizer's chat template (when it
     has one), the rest raw code windows."""
@@ -123,8 +129,7 @@ def prompt_mix(split: str, tokenizer, count: int, chat_share: float = 0.7, seed:
     n_chat = round(count * chat_share) if has_chat else 0
     chats = chat_prompts(split)
     rng.shuffle(chats)
-    out = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=True)["input_ids"] for text in chats[:n_chat]]
+    out = [chat_prompt_ids(tokenizer, text) for text in chats[:n_chat]]
     out += [tokenizer(t, add_special_tokens=False)["input_ids"]
             for t in code_windows(split, tokenizer, count - len(out), seed=seed)]
     rng.shuffle(out)

@@ -16,16 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-
-def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of prompts as `(input_ids, attention_mask)`, padded on the left (decoding appends on the right)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
-    return ids, attn
+from ...core.masks import left_pad
 
 
 @torch.no_grad()
@@ -37,7 +28,7 @@ def continue_greedily(model, prompts: list[list[int]], new_tokens: int, pad_id: 
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
-    ids, attn = left_padded(prompts, pad_id)
+    ids, attn = left_pad(prompts, pad_id)
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, pad_token_id=pad_id, eos_token_id=eos_ids)
     out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                          generation_config=config)[:, ids.shape[1]:].tolist()
