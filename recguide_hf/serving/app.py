@@ -127,8 +127,10 @@ class TextAssembler:
         return held
 
 
-def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLimits | None = None) -> FastAPI:
-    """The FastAPI app serving `worker`'s model as `model_name`."""
+def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLimits | None = None,
+              replica: tuple[str, int] | None = None) -> FastAPI:
+    """The FastAPI app serving `worker`'s model as `model_name`. `replica`: (id, process id) of a Ray Serve
+    replica (`ray_serve.py`): every response then names it in `x-recguide-replica`, and /metrics reports it."""
     limits = limits or ServerLimits()
     app = FastAPI(title="recguide-hf", docs_url=None, redoc_url=None)
     state = {"open_streams": 0}
@@ -165,6 +167,13 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
                                 code="length_required").response()
         return await call_next(request)
 
+    if replica is not None:
+        @app.middleware("http")
+        async def name_replica(request: Request, call_next):  # outermost: errors of `guard` are named too
+            response = await call_next(request)
+            response.headers["x-recguide-replica"] = replica[0]
+            return response
+
     @app.get("/health")
     async def health():
         if not worker.alive:
@@ -174,8 +183,12 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
     @app.get("/metrics")
     async def metrics():
         running, waiting = worker.counts()
-        return PlainTextResponse(worker.metrics.render(running, waiting, state["open_streams"]),
-                                 media_type="text/plain; version=0.0.4")
+        text = worker.metrics.render(running, waiting, state["open_streams"], worker.limits.slots)
+        if replica is not None:
+            text += ("# HELP recguide_replica_info The Ray Serve replica that answered (id, process id).\n"
+                     "# TYPE recguide_replica_info gauge\n"
+                     f'recguide_replica_info{{replica="{replica[0]}",pid="{replica[1]}"}} 1\n')
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():

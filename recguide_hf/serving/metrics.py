@@ -46,7 +46,7 @@ class Metrics:
         self.finished = self.cancelled = self.rejected = self.tokens = 0
         self.blocks: Counter = Counter()  # rounds per block size, over finished requests
 
-    def render(self, running: int, waiting: int, open_streams: int) -> str:
+    def render(self, running: int, waiting: int, open_streams: int, slots: int | None = None) -> str:
         p = "recguide_"
         lines = [
             f"# HELP {p}requests_running Requests decoding (rows of the batch).", f"# TYPE {p}requests_running gauge",
@@ -56,6 +56,9 @@ class Metrics:
             f"# HELP {p}open_streams Streaming responses open.", f"# TYPE {p}open_streams gauge",
             f"{p}open_streams {open_streams}",
         ]
+        if slots is not None:
+            lines += [f"# HELP {p}free_rows Rows (slots) with no request decoding.", f"# TYPE {p}free_rows gauge",
+                      f"{p}free_rows {max(0, slots - running)}"]
         for name, value, text in (("requests_finished", self.finished, "Requests that ran to their end."),
                                   ("requests_cancelled", self.cancelled, "Requests stopped (client left or stop)."),
                                   ("requests_rejected", self.rejected, "Requests refused because the queue was full."),

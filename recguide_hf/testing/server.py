@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import collections
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -14,33 +18,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: list[str], timeout: float = 180, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+class Server(subprocess.Popen):
+    """The server's process; a thread keeps reading its output (so a chatty server, Ray's, never blocks on a full
+    pipe) and keeps the last lines (`tail()`)."""
+
+    def __init__(self, cmd: list[str], env: dict | None):
+        super().__init__(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)  # its own process group: `stop_server` can end all of it
+        self.lines: collections.deque[str] = collections.deque(maxlen=2000)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.stdout:
+            self.lines.append(line)
+
+    def tail(self, chars: int = 3000) -> str:
+        return "".join(self.lines)[-chars:]
+
+    def printed(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+
+def start_server(args: list[str], timeout: float = 180, env: dict | None = None,
+                 ready_text: str | None = None) -> tuple[Server, str]:
     """`recguide serve ARGS --port <free port>` (127.0.0.1, the server's default host) in a child process; returns
-    it and its base URL once `/health` answers 200. Raises RuntimeError, with the end of the server's output, if it
-    exits or does not answer within `timeout` seconds."""
+    it and its base URL once `/health` answers 200 (and, with `ready_text`, once the server printed it: Ray's proxy
+    answers before every replica is up). Raises RuntimeError, with the end of the server's output, if it exits or
+    is not ready within `timeout` seconds."""
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "recguide_hf", "serve", *args, "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = Server([sys.executable, "-m", "recguide_hf", "serve", *args, "--port", str(port)], env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError("server exited: " + proc.stdout.read()[-3000:])
+            proc._reader.join(5)
+            raise RuntimeError("server exited: " + proc.tail())
         try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
+            if (ready_text is None or proc.printed(ready_text)) and \
+                    httpx.get(base + "/health", timeout=2).status_code == 200:
                 return proc, base
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server did not come up in {timeout:.0f} s")
+    stop_server(proc)
+    raise RuntimeError(f"server not ready in {timeout:.0f} s: " + proc.tail())
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 20):
+    """SIGTERM (the server shuts down: a Ray one stops its replicas and its Ray instance, which takes a while),
+    then, past `timeout` seconds, SIGKILL to its whole process group."""
     proc.terminate()
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)

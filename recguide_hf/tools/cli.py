@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -361,6 +362,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def replica_range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX replicas, e.g. 1:2, got {text!r}") from None
+    if not 0 <= lo <= hi or hi < 1:
+        raise argparse.ArgumentTypeError(f"expected 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
+    return lo, hi
+
+
 def check_serve(args, parser) -> None:
     model = Path(args.model) if args.model else BUNDLED_MODEL
     if not (model / "config.json").exists():
@@ -372,9 +383,52 @@ def check_serve(args, parser) -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         parser.error("recguide serve needs FastAPI and uvicorn: pip install 'recguide-hf[serve]'")
+    if on_ray(args):
+        if args.ray_address is None:  # a local instance advertises 127.0.0.1, not this machine's address
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # (read at Ray's import: ray_serve.run)
+        try:
+            import ray.serve  # noqa: F401
+        except ImportError:
+            parser.error("recguide serve --replicas / --autoscale runs on Ray Serve: pip install 'recguide-hf[ray]'")
+        if args.device_map is not None or args.offload_folder is not None:
+            parser.error("--device-map / --offload-folder: one process only (each Ray replica loads the model on "
+                         "--device)")
+
+
+def on_ray(args) -> bool:
+    return args.replicas is not None or args.autoscale is not None or args.ray_config is not None
+
+
+def cmd_serve_ray(args) -> int:
+    from ..serving import ray_serve
+
+    threads = args.threads_per_replica
+    settings = ray_serve.ReplicaSettings(
+        model=args.model, served_model_name=args.served_model_name, dtype=args.dtype, device=args.device,
+        threads=threads, slots=args.slots, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
+        api_key=args.api_key, max_body_bytes=args.max_body_bytes, max_open_streams=args.max_open_streams)
+    scale = ray_serve.ScaleSettings(replicas=args.replicas or 1, autoscale=args.autoscale,
+                                    target_ongoing=args.target_ongoing, max_queued=args.max_waiting,
+                                    upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay)
+    if args.ray_config is not None:
+        text = ray_serve.config_yaml(settings, scale, args.host, args.port)
+        if args.ray_config == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.ray_config).write_text(text)
+            print(f"wrote {args.ray_config}: serve run {args.ray_config}")
+        return 0
+    count = f"{scale.autoscale[0]}..{scale.autoscale[1]}" if scale.autoscale else str(scale.replicas)
+    ray_serve.run(settings, scale, args.host, args.port, address=args.ray_address, num_cpus=args.ray_cpus,
+                  on_ready=lambda: print(f"serving {count} Ray Serve replica(s) of {args.model or BUNDLED_MODEL} "
+                                         f"({threads} thread(s) each) on http://{args.host}:{args.port}/v1",
+                                         flush=True))
+    return 0
 
 
 def cmd_serve(args) -> int:
+    if on_ray(args):
+        return cmd_serve_ray(args)
     import uvicorn
 
     from ..serving.app import ServerLimits, build_app
@@ -580,6 +634,23 @@ def build_parser() -> argparse.ArgumentParser:
                         '{"module": device}')
     s.add_argument("--offload-folder", default=None, help="where --device-map puts layers it offloads to disk")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    r = s.add_argument_group("Ray Serve replicas (the ray extra; docs/scaling.md)")
+    r.add_argument("--replicas", type=positive, default=None,
+                   help="serve N replicas of the model on Ray Serve behind one HTTP proxy (--max-waiting then "
+                        "bounds Serve's queue: more get 503)")
+    r.add_argument("--autoscale", type=replica_range, default=None, metavar="MIN:MAX",
+                   help="let Serve scale the replicas between MIN and MAX on ongoing requests")
+    r.add_argument("--target-ongoing", type=float, default=None,
+                   help="--autoscale: ongoing requests per replica to aim for (default: --slots / 2)")
+    r.add_argument("--upscale-delay", type=float, default=5.0, help="--autoscale: seconds over target to add one")
+    r.add_argument("--downscale-delay", type=float, default=30.0,
+                   help="--autoscale: seconds under target to remove one")
+    r.add_argument("--threads-per-replica", type=positive, default=1, help="torch threads (and Ray CPUs) each")
+    r.add_argument("--ray-address", default=None,
+                   help="a running Ray cluster to join (default: start a local one on 127.0.0.1)")
+    r.add_argument("--ray-cpus", type=positive, default=None, help="CPUs of the local Ray instance (default: all)")
+    r.add_argument("--ray-config", default=None, metavar="FILE",
+                   help="write Ray Serve's config file for these flags (- for stdout) and exit: serve run FILE")
     s.set_defaults(func=cmd_serve, check=check_serve, subparser=s)
 
     f = sub.add_parser("fetch", help="make a known model's self-speculative folder in the cache (smollm2)")

@@ -47,7 +47,12 @@ def tables(args, model, tokenizer, work: Path) -> None:
     from .prompts import prompt_mix
 
     parts = save_parts(args, model, work)
-    if (parts / "value_table.json").exists() and (parts / "cost_table.json").exists():
+    step = json.loads((parts / "draft_lora" / "distill_log.json").read_text())["step"]
+    value = parts / "value_table.json"
+    if value.exists() and json.loads(value.read_text()).get("calibration", {}).get("adapter_step") != step:
+        print(f"value table: calibrated on another adapter than step {step}'s: calibrating again", flush=True)
+        value.unlink()  # acceptance is the adapter's: a run trained on needs it measured again (costs are not)
+    if value.exists() and (parts / "cost_table.json").exists():
         return
     folder = assemble_folder(base_of(args, work), parts, work / "folder", model.config.mask_token_id,
                              args.block_size, link=True)  # read only, in the work folder
@@ -58,7 +63,7 @@ def tables(args, model, tokenizer, work: Path) -> None:
         table = calibrate_table(loaded, {"train": prompts}, args.profile_block_sizes,
                                 max_new_tokens=args.calibrate_tokens, pad_token_id=tokenizer.pad_token_id)
         table["calibration"] = {"prompts": "training-split mix (recguide distill)", "num_prompts": len(prompts),
-                                "max_new_tokens": args.calibrate_tokens}
+                                "max_new_tokens": args.calibrate_tokens, "adapter_step": step}
         (parts / "value_table.json").write_text(json.dumps(table, indent=1) + "\n")
     if not (parts / "cost_table.json").exists():
         table = profile_costs(loaded, args.profile_concurrency, args.profile_block_sizes, repeats=args.profile_repeats)
