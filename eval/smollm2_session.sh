@@ -4,7 +4,8 @@
 #
 #   bash eval/smollm2_session.sh WORK     # WORK: the `recguide distill --work` folder of the training run
 set -euo pipefail
-WORK=${1:?usage: eval/smollm2_session.sh WORK}
+WORK=${1:?usage: eval/smollm2_session.sh WORK [MINUTES]}
+MINUTES=${2:-100}   # the training budget the run reached (its steps are done: this only finishes it)
 OUT=eval/results/smollm2
 SHIP=recguide_hf/bundled/smollm2
 mkdir -p "$OUT"
@@ -12,7 +13,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 # 1. tables and the export (the training run's own command, continued: its steps already done are skipped)
 recguide distill "${RECGUIDE_CACHE:-$HOME/.cache/recguide}/smollm2-base" "$WORK/../out" --work "$WORK" --mask-token "<empty_output>" \
-    --teacher-minutes 22 --teacher-batch 48 --minutes 50 --base-name HuggingFaceTB/SmolLM2-135M-Instruct \
+    --teacher-minutes 22 --teacher-batch 48 --minutes "$MINUTES" --base-name HuggingFaceTB/SmolLM2-135M-Instruct \
     --calibrate-prompts 32 --profile-concurrency 1 4 16 --profile-block-sizes 1 2 4 8 16 32 --profile-repeats 3 \
     --adapter-dtype bf16
 # 2. what the repository ships: the parts, not the base weights
@@ -33,5 +34,6 @@ recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --conc
 # 6. lm-eval's local tasks: recguide responses = AR responses, and the score against the bundled model's
 python eval/lm_eval_parity.py --model "$(recguide fetch smollm2)" --limit 16 --json "$OUT/lm_eval_parity.json"
 python eval/lm_eval_parity.py --model recguide_hf/bundled/recguide-tiny --limit 16 --json "$OUT/lm_eval_bundled.json"
-# not run yet: the bursty open loop under the B200 cost table (recguide bench --model smollm2 --virtual-costs
-# eval/costs/nld8b_b200.json --arrivals bursty:8,64,8): it needs ~30 CPU-minutes here
+# 7. the bursty open loop under the B200 cost table (the trace the bundled model was measured on; ~30 CPU-minutes)
+recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --arrivals bursty:8,64,8 \
+    --methods linear-1 linear-4 linear-8 linear-16 recguide:block_sizes=1,2,4,8,16,32 --out "$OUT/b200_open"

@@ -255,7 +255,7 @@ def open_loop(model, tokenizer, prompts: list[str], methods: list[str], arrivals
 def best_single_other(rows: list[dict], ours: str = "recguide") -> dict | None:
     """The one fixed choice a user would have had to make for the whole trace: the other method with the highest
     mean per-request decoding speed."""
-    others = [r for r in rows if r["method"] != ours and r.get("decode_speed_mean")]
+    others = [r for r in rows if parse_method(r["method"])[0] != ours and r.get("decode_speed_mean")]
     return max(others, key=lambda r: r["decode_speed_mean"]) if others else None
 
 
@@ -287,14 +287,14 @@ def describe(trace: dict) -> str:
 
 
 def verdict(rows: list[dict], ours: str = "recguide") -> str | None:
-    mine = next((r for r in rows if r["method"] == ours), None)
+    mine = next((r for r in rows if parse_method(r["method"])[0] == ours), None)  # recguide, recguide:block_sizes=..
     best = best_single_other(rows, ours)
     if mine is None or best is None or not mine.get("decode_speed_mean"):
         return None
     speed = mine["decode_speed_mean"] / best["decode_speed_mean"]
     ttft = mine["ttft_p99"] / best["ttft_p99"] if best["ttft_p99"] else float("nan")
-    return (f"{ours} / {best['method']} (the best single other method by mean decoding speed): decoding speed "
-            f"x{speed:.2f}, p99 TTFT x{ttft:.2f} (lower is better)")
+    return (f"{mine['method']} / {best['method']} (the best single other method by mean decoding speed): "
+            f"decoding speed x{speed:.2f}, p99 TTFT x{ttft:.2f} (lower is better)")
 
 
 def plot_open(result: dict, out_dir: Path) -> list[Path]:
