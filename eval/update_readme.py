@@ -40,6 +40,7 @@ BUNDLED = ROOT / "recguide_hf" / "bundled" / "recguide-tiny"
 
 
 SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
+RAY = ("<!-- ray:start -->", "<!-- ray:end -->")
 POLICY = ("<!-- policy:start -->", "<!-- policy:end -->")
 SMOLLM2 = ("<!-- smollm2:start -->", "<!-- smollm2:end -->")
 SMOLLM2_HEADLINE = ("<!-- smollm2-headline:start -->", "<!-- smollm2-headline:end -->")
@@ -156,6 +157,23 @@ def serving_results(res: Path) -> str:
     text = render("serving.md", open_runs=runs, ceiling=ceiling_summary(res / "open_loop_ceiling" / "ceiling.json"),
                   load=json.loads(load.read_text()) if load.exists() else None)
     return text or "(no serving runs recorded yet)"
+
+
+def ray_results(res: Path) -> str:
+    """`recguide serve --replicas` on Ray Serve (eval/ray_session.sh, results in ray/): the load test with its
+    leave and overload checks, the same trace on 1 x 2 threads and on plain `recguide serve`, a replica killed
+    mid-load, autoscaling, and lm-eval's local-completions through both servers."""
+    d = res / "ray"
+    names = ("load", "load_1x2", "load_single", "kill", "autoscale", "lm_eval_endpoint")
+    runs = {name: json.loads((d / f"{name}.json").read_text()) for name in names if (d / f"{name}.json").exists()}
+    if not runs:
+        return "(not measured yet: bash eval/ray_session.sh)"
+    throughput = [(label, runs[name]) for name, label in (("load", "2 Ray replicas x 1 thread"),
+                                                          ("load_1x2", "1 Ray replica x 2 threads"),
+                                                          ("load_single", "`recguide serve` (one process, 2 threads)"))
+                  if name in runs]
+    return render("ray.md", load=runs.get("load"), throughput=throughput, kill=runs.get("kill"),
+                  autoscale=runs.get("autoscale"), lm_eval=runs.get("lm_eval_endpoint"))
 
 
 def smollm2_results(res: Path) -> str:
@@ -565,7 +583,7 @@ def blocks() -> list[tuple[tuple[str, str], str, str]]:
     out += [(ROUND, round_table(res), "\n"), (COMPILED_ROUND, compiled_round_table(res), "\n"),
                (SERVE, serve_table(res), "\n"), (BRANCHES, branch_table(res), "\n"),
                (("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), ""),
-               (SERVING, serving_results(res), "\n"), (POLICY, policy_table(res), "\n"),
+               (SERVING, serving_results(res), "\n"), (RAY, ray_results(res), "\n"), (POLICY, policy_table(res), "\n"),
                (SMOLLM2, smollm2_results(res), "\n"), (SMOLLM2_HEADLINE, smollm2_headline(res), "\n"),
                (SMOLLM2_RUN, smollm2_run(res), "\n")]
     return out

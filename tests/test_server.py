@@ -87,6 +87,20 @@ def test_stop_strings_cut_the_text(client, greedy):
     assert out.choices[0].text == full[: full.index(stop)] and out.choices[0].finish_reason == "stop"
 
 
+def test_a_prompt_as_token_ids_in_each_openai_form(client, greedy):
+    """OpenAI's prompt forms: text, token ids, and a one-prompt batch of either (what lm-eval's local-completions
+    sends); a batch of two prompts is refused."""
+    from transformers import AutoTokenizer
+
+    prompt = "def add(a, b):"
+    ids = AutoTokenizer.from_pretrained(BUNDLED_MODEL)(prompt)["input_ids"]
+    for form in (prompt, [prompt], ids, [ids]):
+        out = client.completions.create(model="recguide-tiny", prompt=form, max_tokens=16, temperature=0)
+        assert out.choices[0].text == greedy(prompt, 16), form
+    with pytest.raises(openai.BadRequestError, match="one prompt per request"):
+        client.completions.create(model="recguide-tiny", prompt=[ids, ids], max_tokens=4, temperature=0)
+
+
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, client):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     url = server + "/v1/completions"

@@ -62,7 +62,7 @@ class _Body(BaseModel):
 
 
 class CompletionBody(_Body):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]  # OpenAI's four forms; one prompt per request
     echo: Literal[False] = False
     logprobs: None = None
 
@@ -199,7 +199,7 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
     async def completions(body: CompletionBody, request: Request):
         check_model(body.model)
         prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):  # a batch of prompts
             if len(prompt) != 1:
                 raise APIError(400, "one prompt per request (a list of prompts is not supported)", param="prompt")
             prompt = prompt[0]
