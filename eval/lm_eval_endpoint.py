@@ -62,7 +62,7 @@ def main(argv=None):
     servers = {"recguide serve": ([], None, {})}
     if args.replicas:
         servers[f"recguide serve --replicas {args.replicas}"] = (
-            ["--replicas", str(args.replicas), "--ray-cpus", str(os.cpu_count())], "serving ",
+            ["--replicas", str(args.replicas), "--ray-cpus", str(os.cpu_count())], "Ray Serve replica",
             {"OMP_NUM_THREADS": "1"})
     for name, (flags, ready, env) in servers.items():
         proc, base = start_server(["--model", str(args.model), "--max-tokens", "256", *flags], timeout=600,

@@ -187,11 +187,11 @@ def main(argv=None):
     env = dict(os.environ)
     if ray:
         flags += (["--replicas", str(args.replicas)] if args.replicas else ["--autoscale", args.autoscale])
-        flags += ["--threads-per-replica", str(args.threads_per_replica), "--ray-cpus", str(os.cpu_count()),
-                  "--upscale-delay", "3", "--downscale-delay", "20"]
+        flags += ["--threads-per-replica", str(args.threads_per_replica), "--ray-cpus", str(os.cpu_count())]
+        flags += ["--upscale-delay", "3", "--downscale-delay", "20"] if args.autoscale else []
         env["OMP_NUM_THREADS"] = str(args.threads_per_replica)
     started = time.monotonic()
-    proc, base = start_server(flags, timeout=600, env=env, ready_text="serving " if ray else None)
+    proc, base = start_server(flags, timeout=600, env=env, ready_text="Ray Serve replica" if ray else None)
     print(f"server up in {time.monotonic() - started:.0f} s", flush=True)
     name = args.model.name
     client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=args.timeout, max_retries=0)
@@ -243,7 +243,7 @@ def main(argv=None):
     same = {rid: pid for rid, (_, pid) in after.items() if rid in pids and pid == pids[rid]}
     rss_after = rss_mb(same.values()) if same else None
     metrics = {rid: values for rid, (values, _) in after.items()}
-    server_lines = [line.strip() for line in list(proc.lines) if re.match(r"\d\d:\d\d:\d\d replicas:", line)]
+    server_lines = list(proc.replica_lines)
     stop_server(proc, timeout=120)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -159,6 +159,22 @@ def test_a_client_that_leaves_frees_its_row(server):
         raise AssertionError("the row was not freed within 30 s")
 
 
+def test_a_non_streaming_client_that_gives_up_frees_its_row(server):
+    cancelled = metric(server, "recguide_requests_cancelled_total")
+    body = {"model": "recguide-tiny", "prompt": "def main():", "max_tokens": 256, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=httpx.Timeout(60, read=1))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (metric(server, "recguide_requests_cancelled_total") > cancelled
+                and metric(server, "recguide_requests_running") == 0):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the row was not freed within 30 s")
+
+
 def test_a_full_queue_answers_503(server, client):
     """2 slots + 1 waiting: of 5 long requests at once, some are refused, the rest finish."""
     results = []

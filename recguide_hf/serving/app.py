@@ -127,6 +127,54 @@ class TextAssembler:
         return held
 
 
+class Guard:
+    """ASGI middleware: /v1/* needs the API key (when set) and a Content-Length within the limit, checked before
+    the body is read or anything runs. (Plain ASGI, not Starlette's `BaseHTTPMiddleware`, which hides a client's
+    disconnect from the route: a non-streaming request whose client left would decode on to its end.)"""
+
+    def __init__(self, app, limits: ServerLimits):
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                return await refusal.response()(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> APIError | None:
+        path = scope["path"][len(scope.get("root_path", "")):]  # under a route prefix too (Ray Serve's)
+        if not path.startswith("/v1/"):
+            return None
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        lim = self.limits
+        if lim.api_key is not None:
+            given = headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {lim.api_key}".encode()):
+                return APIError(401, "missing or wrong API key (Authorization: Bearer <key>)", code="invalid_api_key")
+        size = headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > lim.max_body_bytes):
+            return APIError(413, f"request body over {lim.max_body_bytes} bytes", code="request_too_large")
+        if size is None and scope["method"] == "POST":  # a chunked body: its size is unknown until read
+            return APIError(411, "send the body with a Content-Length header", code="length_required")
+        return None
+
+
+class NameReplica:
+    """ASGI middleware: every response names the Ray Serve replica that made it (`x-recguide-replica`)."""
+
+    def __init__(self, app, replica_id: str):
+        self.app, self.header = app, (b"x-recguide-replica", replica_id.encode())
+
+    async def __call__(self, scope, receive, send):
+        async def named(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named if scope["type"] == "http" else send)
+
+
 def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLimits | None = None,
               replica: tuple[str, int] | None = None) -> FastAPI:
     """The FastAPI app serving `worker`'s model as `model_name`. `replica`: (id, process id) of a Ray Serve
@@ -150,29 +198,9 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
         return APIError(400, message, param=where).response()
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if request.url.path.startswith("/v1/"):
-            if limits.api_key is not None:
-                given = request.headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {limits.api_key}".encode()):
-                    return APIError(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                                    code="invalid_api_key").response()
-            size = request.headers.get("content-length")
-            if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
-                return APIError(413, f"request body over {limits.max_body_bytes} bytes",
-                                code="request_too_large").response()
-            if size is None and request.method == "POST":  # a chunked body: its size is unknown until read
-                return APIError(411, "send the body with a Content-Length header",
-                                code="length_required").response()
-        return await call_next(request)
-
-    if replica is not None:
-        @app.middleware("http")
-        async def name_replica(request: Request, call_next):  # outermost: errors of `guard` are named too
-            response = await call_next(request)
-            response.headers["x-recguide-replica"] = replica[0]
-            return response
+    app.add_middleware(Guard, limits=limits)
+    if replica is not None:  # added last: outermost, so the guard's refusals are named too
+        app.add_middleware(NameReplica, replica_id=replica[0])
 
     @app.get("/health")
     async def health():
@@ -255,7 +283,8 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
         reply = Reply(kind, model_name, tokenizer, body.stops(), len(ids), max_tokens, worker.eos_ids)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(stream(reply, rid, events, include_usage), media_type="text/event-stream")
+            return ClosingStream(stream(reply, rid, events, include_usage), lambda: worker.cancel(rid),
+                                 media_type="text/event-stream")
         return await whole(reply, rid, events, request)
 
     async def stream(reply: Reply, rid, events: asyncio.Queue, include_usage: bool):
@@ -293,6 +322,7 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
                 await asyncio.sleep(0.25)
 
         watch = asyncio.ensure_future(left())
+        finished = False
         try:
             while True:
                 get = asyncio.ensure_future(events.get())
@@ -308,11 +338,31 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
                 if reply.text.stopped and not e.finished:
                     worker.cancel(rid)
                 if e.finished or reply.text.stopped:
+                    finished = True
                     return reply.whole()
         finally:
             watch.cancel()
+            if not finished:  # the client left, or the task was cancelled (Serve's proxy cancels it when its
+                worker.cancel(rid)  # client disconnects): the row is free at the next round
 
     return app
+
+
+class ClosingStream(StreamingResponse):
+    """A streaming response that always closes its generator (Starlette leaves a generator interrupted at a
+    `yield` to the garbage collector) and then calls `on_close` (freeing the request's row; a finished request's
+    cancel is a no-op), even when the response was cancelled before its generator started."""
+
+    def __init__(self, content, on_close, **kwargs):
+        super().__init__(content, **kwargs)
+        self._content, self._on_close = content, on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._content.aclose()
+            self._on_close()
 
 
 def sse(payload: dict) -> str:

@@ -10,7 +10,8 @@ request to a replica, queues what no replica has room for and streams responses 
   once, so the queue lives in Serve's router, bounded by `max_queued_requests`; past it the proxy answers 503.
 - Autoscaling (`min_replicas`..`max_replicas`) on ongoing requests per replica (`target_ongoing_requests`).
 - Each response carries `x-recguide-replica` (the replica's id); `/metrics` adds `recguide_replica_info` (id and
-  process id) and each replica reports its free rows and block mix to Serve's router (`record_routing_stats`).
+  process id); each replica's free rows and block mix are its routing stats (`record_routing_stats`, for a
+  custom request router: Serve's default one does not read them).
 - A replica whose decoding thread stopped fails Serve's health check and is replaced.
 
 `deployment_args(...)` is the one place the settings become Serve's options; `build(args)` is an application
@@ -96,9 +97,12 @@ class RecGuideReplica:
             raise RuntimeError(f"the decoding thread has stopped: {self.worker.error!r}")
 
     def record_routing_stats(self) -> dict[str, Any]:
+        """What Serve's controller collects from each replica (every `request_routing_stats_period_s`) for a
+        custom request router; Serve's default router (power of two choices) does not read it."""
         running, waiting = self.worker.counts()
+        blocks = dict(self.worker.metrics.blocks)  # a copy: the decoding thread updates it
         return {"free_rows": self.settings.slots - running, "waiting": waiting,
-                "block_rounds": {str(b): n for b, n in self.worker.metrics.blocks.items()}}
+                "block_rounds": {str(b): n for b, n in blocks.items()}}
 
     def __del__(self):
         worker = getattr(self, "worker", None)
@@ -193,14 +197,14 @@ def run(settings: ReplicaSettings, scale: ScaleSettings, host: str = "127.0.0.1"
 
     if address:
         ray.init(address=address)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, configure_logging=False)
+    else:  # always a new instance of our own, never one a RAY_ADDRESS or an earlier `ray start` points at
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+    stop = threading.Event()
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(application(settings, scale), name="recguide", route_prefix="/")
         if on_ready:
             on_ready()
-        stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         last = None
@@ -211,5 +215,12 @@ def run(settings: ReplicaSettings, scale: ScaleSettings, host: str = "127.0.0.1"
                                                                           sorted(states.items())), flush=True)
                 last = states
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C during the shutdown ends it
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            if address:
+                serve.delete("recguide")  # a shared cluster keeps its other applications and Serve itself
+            else:
+                serve.shutdown()
+        finally:
+            ray.shutdown()

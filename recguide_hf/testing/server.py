@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+REPLICA_LINE = re.compile(r"\d\d:\d\d:\d\d replicas: ")
 
 
 def free_port() -> int:
@@ -26,12 +29,15 @@ class Server(subprocess.Popen):
         super().__init__(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)  # its own process group: `stop_server` can end all of it
         self.lines: collections.deque[str] = collections.deque(maxlen=2000)
+        self.replica_lines: list[str] = []  # a Ray server's `HH:MM:SS replicas: ...` lines, all of them
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self):
         for line in self.stdout:
             self.lines.append(line)
+            if REPLICA_LINE.match(line):
+                self.replica_lines.append(line.strip())
 
     def tail(self, chars: int = 3000) -> str:
         return "".join(self.lines)[-chars:]
@@ -69,13 +75,15 @@ def start_server(args: list[str], timeout: float = 180, env: dict | None = None,
 
 def stop_server(proc: subprocess.Popen, timeout: float = 20):
     """SIGTERM (the server shuts down: a Ray one stops its replicas and its Ray instance, which takes a while),
-    then, past `timeout` seconds, SIGKILL to its whole process group."""
+    SIGKILL past `timeout` seconds, then SIGKILL to whatever is left of its process group."""
     proc.terminate()
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    if isinstance(proc, Server):  # whatever of its group is left (a Ray instance's processes)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        proc.wait(timeout=10)

@@ -393,6 +393,24 @@ def check_serve(args, parser) -> None:
         if args.device_map is not None or args.offload_folder is not None:
             parser.error("--device-map / --offload-folder: one process only (each Ray replica loads the model on "
                          "--device)")
+        if args.replicas is not None and args.autoscale is not None:
+            parser.error("--replicas N or --autoscale MIN:MAX, not both")
+        if args.max_waiting < 1:
+            parser.error("--max-waiting: Ray Serve's queue (max_queued_requests) takes 1 or more")
+        if args.autoscale is None and any(getattr(args, k) is not None for k in AUTOSCALE_FLAGS):
+            parser.error("--target-ongoing / --upscale-delay / --downscale-delay need --autoscale")
+        cpus = args.ray_cpus or os.cpu_count() or 1
+        least = (args.autoscale[0] if args.autoscale else args.replicas or 1) * (args.threads_per_replica or 1)
+        if args.ray_address is None and args.ray_config is None and least > cpus:
+            parser.error(f"{least} CPUs of replicas (replicas x --threads-per-replica) on a local Ray instance of "
+                         f"{cpus}: the replicas would never start (--ray-cpus)")
+    elif any(getattr(args, k) is not None for k in RAY_FLAGS):
+        parser.error("--" + next(k for k in RAY_FLAGS if getattr(args, k) is not None).replace("_", "-") +
+                     " is a Ray Serve flag: add --replicas N or --autoscale MIN:MAX")
+
+
+AUTOSCALE_FLAGS = ("target_ongoing", "upscale_delay", "downscale_delay")
+RAY_FLAGS = ("threads_per_replica", "ray_address", "ray_cpus", *AUTOSCALE_FLAGS)
 
 
 def on_ray(args) -> bool:
@@ -402,22 +420,36 @@ def on_ray(args) -> bool:
 def cmd_serve_ray(args) -> int:
     from ..serving import ray_serve
 
-    threads = args.threads_per_replica
+    threads = args.threads_per_replica or 1
+    model = str(Path(args.model).resolve()) if args.model else None  # the replicas' working folder may differ
+    name = args.served_model_name or (Path(model).name if model else None)
     settings = ray_serve.ReplicaSettings(
-        model=args.model, served_model_name=args.served_model_name, dtype=args.dtype, device=args.device,
+        model=model, served_model_name=name, dtype=args.dtype, device=args.device,
         threads=threads, slots=args.slots, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, max_open_streams=args.max_open_streams)
     scale = ray_serve.ScaleSettings(replicas=args.replicas or 1, autoscale=args.autoscale,
                                     target_ongoing=args.target_ongoing, max_queued=args.max_waiting,
-                                    upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay)
+                                    upscale_delay_s=5.0 if args.upscale_delay is None else args.upscale_delay,
+                                    downscale_delay_s=30.0 if args.downscale_delay is None else args.downscale_delay)
     if args.ray_config is not None:
         text = ray_serve.config_yaml(settings, scale, args.host, args.port)
         if args.ray_config == "-":
             sys.stdout.write(text)
         else:
-            Path(args.ray_config).write_text(text)
-            print(f"wrote {args.ray_config}: serve run {args.ray_config}")
+            out = Path(args.ray_config)
+            out.touch(mode=0o600)  # it may hold the API key: readable by its owner only
+            out.write_text(text)
+            print(f"wrote {out}: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 serve run {out}` (a local Ray instance on "
+                  f"127.0.0.1), or `serve deploy {out}` on a running cluster"
+                  + ("; it holds the API key in clear text" if args.api_key else ""))
         return 0
+    from transformers import AutoConfig
+
+    positions = getattr(AutoConfig.from_pretrained(model or BUNDLED_MODEL, trust_remote_code=True),
+                        "max_position_embeddings", None)
+    if positions is not None and args.max_prompt_tokens + args.max_tokens > positions:
+        raise SystemExit(f"recguide serve: error: --max-prompt-tokens {args.max_prompt_tokens} + --max-tokens "
+                         f"{args.max_tokens} exceeds the model's {positions} positions")
     count = f"{scale.autoscale[0]}..{scale.autoscale[1]}" if scale.autoscale else str(scale.replicas)
     ray_serve.run(settings, scale, args.host, args.port, address=args.ray_address, num_cpus=args.ray_cpus,
                   on_ready=lambda: print(f"serving {count} Ray Serve replica(s) of {args.model or BUNDLED_MODEL} "
@@ -634,18 +666,21 @@ def build_parser() -> argparse.ArgumentParser:
                         '{"module": device}')
     s.add_argument("--offload-folder", default=None, help="where --device-map puts layers it offloads to disk")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
-    r = s.add_argument_group("Ray Serve replicas (the ray extra; docs/scaling.md)")
+    r = s.add_argument_group("Ray Serve replicas (the ray extra; docs/serving.md)")
     r.add_argument("--replicas", type=positive, default=None,
                    help="serve N replicas of the model on Ray Serve behind one HTTP proxy (--max-waiting then "
                         "bounds Serve's queue: more get 503)")
     r.add_argument("--autoscale", type=replica_range, default=None, metavar="MIN:MAX",
                    help="let Serve scale the replicas between MIN and MAX on ongoing requests")
-    r.add_argument("--target-ongoing", type=float, default=None,
+    r.add_argument("--target-ongoing", type=bounded(float, 0, low_open=True, what="a positive number"), default=None,
                    help="--autoscale: ongoing requests per replica to aim for (default: --slots / 2)")
-    r.add_argument("--upscale-delay", type=float, default=5.0, help="--autoscale: seconds over target to add one")
-    r.add_argument("--downscale-delay", type=float, default=30.0,
-                   help="--autoscale: seconds under target to remove one")
-    r.add_argument("--threads-per-replica", type=positive, default=1, help="torch threads (and Ray CPUs) each")
+    seconds = bounded(float, 0, what="seconds")
+    r.add_argument("--upscale-delay", type=seconds, default=None,
+                   help="--autoscale: seconds over target before adding a replica (default 5)")
+    r.add_argument("--downscale-delay", type=seconds, default=None,
+                   help="--autoscale: seconds under target before removing one (default 30)")
+    r.add_argument("--threads-per-replica", type=positive, default=None,
+                   help="torch threads (and Ray CPUs) of each replica (default 1)")
     r.add_argument("--ray-address", default=None,
                    help="a running Ray cluster to join (default: start a local one on 127.0.0.1)")
     r.add_argument("--ray-cpus", type=positive, default=None, help="CPUs of the local Ray instance (default: all)")
