@@ -7,12 +7,13 @@ once, streaming and not, for a fixed time; every greedy response checked against
         --out eval/results/ray/kill.json
     python eval/serve_load.py --autoscale 1:2 --clients 16 --seconds 45 --idle 75 --out eval/results/ray/autoscale.json
 
-Starts the server (the bundled model unless --model) on a free local port, records the resident memory of its
-decoding processes (the server, or each Ray replica), runs `--clients` threads with the `openai` client for
-`--seconds` (each picks a prompt and streaming or not from a seeded stream, greedy, `--max-tokens`), then checks
-every response against plain HF greedy for its prompt and records memory again. Every request is accounted
-for: finished, failed (with its error; a stream that ends without a finish reason counts as failed) or still
-open when the time ran out (the run waits for those, bounded by the client timeout). Then, unless
+Starts the server (the bundled model unless --model) on a free local port, warms it up with every row busy
+once, records the resident memory of its decoding processes (the server, or each Ray replica), runs `--clients`
+threads with the `openai` client for `--seconds` (each picks a prompt and streaming or not from a seeded stream,
+greedy, `--max-tokens`), then checks every response against plain HF greedy for its prompt; memory again right
+after the load and at the end. Every request is accounted for: finished, failed (with its error; a stream that
+ends without a finish reason counts as failed) or still open when the time ran out (the run waits for those,
+bounded by the client timeout). Then, unless
 `--no-checks`: a client that leaves mid-stream frees its row on the replica that served it (that replica's
 /metrics), and a burst over the server's rows + queue gets 429/503, after which a request succeeds again.
 
@@ -196,8 +197,14 @@ def main(argv=None):
     name = args.model.name
     client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=args.timeout, max_retries=0)
     want = args.replicas or (int(args.autoscale.split(":")[0]) if args.autoscale else 1)
-    for _ in range(2 * want):
-        client.completions.create(model=name, prompt=prompts[0], max_tokens=4, temperature=0)  # warm the paths
+    # warm-up: every row of every replica busy once (the batch's widest forwards), so "before" is the memory of a
+    # server that has seen full load, and a growth after the load is what the load left behind
+    warm = [threading.Thread(target=one_request, args=(client, name, prompts[k % len(prompts)], args.max_tokens,
+                                                       k % 2 == 0)) for k in range(args.slots * want)]
+    for t in warm:
+        t.start()
+    for t in warm:
+        t.join(timeout=600)
     pids = ({rid: pid for rid, (_, pid) in replicas(base, want).items()} if ray else {None: proc.pid})
     rss_before = rss_mb(pids.values())
     records, lock = [], threading.Lock()
@@ -233,6 +240,8 @@ def main(argv=None):
     load_seconds = time.monotonic() - load_start
     end_clock = time.strftime("%H:%M:%S")
     print(end_clock + " load over", flush=True)
+    alive = [p for p in pids.values() if psutil.pid_exists(p)]
+    rss_load = rss_mb(alive) if len(alive) == len(pids) else None
     checks = {}
     if not args.no_checks:
         checks["leave_mid_stream"] = leave_mid_stream(base, name, len(pids))
@@ -282,7 +291,8 @@ def main(argv=None):
         "chunk_gap_s": {"p50": percentile(gaps, 0.5), "p99": percentile(gaps, 0.99)},
         "mean_request_s": statistics.mean(r["seconds"] for r in ok) if ok else None,
         "output_tokens": tokens, "load_seconds": load_seconds, "tokens_per_s": tokens / load_seconds,
-        "rss_mb": {"before": rss_before, "after": rss_after,
+        "rss_mb": {"before": rss_before, "after_load": rss_load, "after": rss_after,
+                   "ratio_load": rss_load / rss_before if rss_load else None,
                    "ratio": rss_after / rss_before if rss_after and len(same) == len(pids) else None,
                    "processes": len(pids), "same_processes_after": len(same)},
         "killed": killed or None, "checks": checks, "load_clock": [load_clock, end_clock],
