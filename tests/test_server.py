@@ -164,7 +164,7 @@ def test_a_non_streaming_client_that_gives_up_frees_its_row(server):
     body = {"model": "recguide-tiny", "prompt": "def main():", "max_tokens": 256, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                   timeout=httpx.Timeout(60, read=1))
+                   timeout=httpx.Timeout(60, read=0.3))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if (metric(server, "recguide_requests_cancelled_total") > cancelled

@@ -68,7 +68,7 @@ class RecGuideReplica:
     def __init__(self, settings: dict):
         import torch
 
-        from ..tools.cli import load
+        from ..models.loading import load
         from .worker import EngineWorker, WorkerLimits
 
         self.settings = ReplicaSettings(**settings)
