@@ -43,7 +43,7 @@ import openai
 import psutil
 
 from recguide_hf import BUNDLED_MODEL
-from recguide_hf.testing.server import start_server, stop_server
+from recguide_hf.testing.server import burst, start_server, stop_server
 from recguide_hf.tools.prompts import load_mixed
 
 REPLICA = "x-recguide-replica"
@@ -140,22 +140,7 @@ def leave_mid_stream(base: str, name: str, want: int) -> dict:
 
 def overload(client, name: str, count: int) -> dict:
     """`count` long requests at once (more than the rows and the queue): their status codes, then one more."""
-    codes: list = []
-
-    def one():
-        try:
-            client.completions.create(model=name, prompt="class A:", max_tokens=200, temperature=0)
-            codes.append(200)
-        except openai.APIStatusError as err:
-            codes.append(err.status_code)
-        except Exception as err:  # noqa: BLE001
-            codes.append(repr(err)[:80])
-
-    threads = [threading.Thread(target=one) for _ in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
+    codes = burst(client, name, count, timeout=600)
     after = client.completions.create(model=name, prompt="def f(x):", max_tokens=8, temperature=0)
     return {"sent": count, "codes": dict(collections.Counter(map(str, codes))),
             "refused": sum(c in (429, 503) for c in codes), "served_after": after.choices[0].finish_reason is not None}

@@ -24,7 +24,7 @@ yaml = pytest.importorskip("yaml")
 
 from recguide_hf import BUNDLED_MODEL  # noqa: E402
 from recguide_hf.serving import ray_serve  # noqa: E402
-from recguide_hf.testing.server import start_server, stop_server  # noqa: E402
+from recguide_hf.testing.server import burst, start_server, stop_server  # noqa: E402
 from recguide_hf.tools import cli  # noqa: E402
 
 REPLICA = ray_serve.REPLICA_HEADER
@@ -183,20 +183,7 @@ def test_two_replicas_on_a_local_ray_serve_greedy_leave_overload_and_a_killed_re
 
 
         # 2 replicas x 2 rows + 8 queued: a burst of 40 long requests gets 503s, then service resumes
-        codes = []
-
-        def long_one():
-            try:
-                client.completions.create(model="recguide-tiny", prompt="class A:", max_tokens=200, temperature=0)
-                codes.append(200)
-            except openai.APIStatusError as err:
-                codes.append(err.status_code)
-
-        burst = [threading.Thread(target=long_one) for _ in range(40)]
-        for t in burst:
-            t.start()
-        for t in burst:
-            t.join(timeout=300)
+        codes = burst(client, "recguide-tiny", 40, timeout=300)
         assert len(codes) == 40 and set(codes) <= {200, 503} and codes.count(503) >= 1, codes
         ask(prompts[0], False)
         assert results[-1][1] == expect[prompts[0]]

@@ -4,7 +4,6 @@ anything runs, a client that leaves frees its row, a full queue answers 503. Eve
 
 import json
 import os
-import threading
 import time
 
 import pytest
@@ -15,7 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from recguide_hf import BUNDLED_MODEL  # noqa: E402
-from recguide_hf.testing.server import start_server, stop_server  # noqa: E402
+from recguide_hf.testing.server import burst, start_server, stop_server  # noqa: E402
 
 KEY = "test-key-123"
 pytestmark = pytest.mark.skipif(not (BUNDLED_MODEL / "model.safetensors").exists(), reason="bundled weights missing")
@@ -139,6 +138,17 @@ def test_api_key_is_checked_before_anything_runs(server):
     assert [m["id"] for m in listed["data"]] == ["recguide-tiny"]
 
 
+def wait_until_freed(server: str, cancelled: float, seconds: float = 30):
+    """Until the server counts one more cancelled request than `cancelled` and runs none (bounded)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if (metric(server, "recguide_requests_cancelled_total") > cancelled
+                and metric(server, "recguide_requests_running") == 0):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the row was not freed within {seconds:.0f} s")
+
+
 def test_a_client_that_leaves_frees_its_row(server):
     cancelled = metric(server, "recguide_requests_cancelled_total")
     body = {"model": "recguide-tiny", "prompt": "def main():", "max_tokens": 256, "temperature": 0, "stream": True}
@@ -149,14 +159,7 @@ def test_a_client_that_leaves_frees_its_row(server):
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     break  # one chunk, then the client goes away mid-stream
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if (metric(server, "recguide_requests_cancelled_total") > cancelled
-                and metric(server, "recguide_requests_running") == 0):
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("the row was not freed within 30 s")
+    wait_until_freed(server, cancelled)
 
 
 def test_a_non_streaming_client_that_gives_up_frees_its_row(server):
@@ -165,32 +168,12 @@ def test_a_non_streaming_client_that_gives_up_frees_its_row(server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
                    timeout=httpx.Timeout(60, read=0.3))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if (metric(server, "recguide_requests_cancelled_total") > cancelled
-                and metric(server, "recguide_requests_running") == 0):
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("the row was not freed within 30 s")
+    wait_until_freed(server, cancelled)
 
 
 def test_a_full_queue_answers_503(server, client):
     """2 slots + 1 waiting: of 5 long requests at once, some are refused, the rest finish."""
-    results = []
-
-    def one():
-        try:
-            client.completions.create(model="recguide-tiny", prompt="class A:", max_tokens=200, temperature=0)
-            results.append(200)
-        except openai.APIStatusError as err:
-            results.append(err.status_code)
-
-    threads = [threading.Thread(target=one) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=180)
+    results = burst(client, "recguide-tiny", 5, timeout=180)
     assert len(results) == 5 and set(results) <= {200, 503}
     assert results.count(503) >= 1 and results.count(200) >= 3
 

@@ -87,3 +87,28 @@ def stop_server(proc: subprocess.Popen, timeout: float = 20):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def burst(client, model: str, count: int, timeout: float = 300, prompt: str = "class A:",
+          max_tokens: int = 200) -> list:
+    """`count` long greedy completions at once (an `openai` client): each one's HTTP status (200, or the refusal's
+    code), or the repr of any other error; bounded by `timeout` seconds per thread."""
+    import openai
+
+    codes: list = []
+
+    def one():
+        try:
+            client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+            codes.append(200)
+        except openai.APIStatusError as err:
+            codes.append(err.status_code)
+        except Exception as err:  # noqa: BLE001 - shown to the caller
+            codes.append(repr(err)[:80])
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    return codes
