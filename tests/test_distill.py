@@ -55,6 +55,15 @@ def test_exported_folder_loads_with_remote_code_and_decodes_losslessly(distilled
     assert config["auto_map"] == {"AutoModelForCausalLM": "modeling_recguide.RecGuideLlamaForCausalLM"}
     card = (out / "README.md").read_text()
     assert "recguide distill " in card and "tau" in card
+    # the card's commands are portable: the base's folder (a path on this machine) reads BASE, in the log too
+    assert str(distilled["base"]) not in card and "recguide distill BASE " in card
+    log = json.loads((out / "draft_lora" / "distill_log.json").read_text())
+    assert str(distilled["base"]) not in json.dumps(log["args"])
+    # tau as decoding sees it: the engine's rounds on held-out and training prompts, output = the teacher rows
+    last = log["log"][-1]
+    for name in ("chat", "code", "train"):
+        assert last[f"tau_B8_{name}"] >= 1.0 and last[f"tpf_B8_{name}"] > 0 and last[f"equal_{name}"] is True
+        assert f"| {name} | " in card
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32)
     assert type(model).__name__ == "RecGuideLlamaForCausalLM" and hasattr(model, "draft_adapter")
@@ -107,3 +116,64 @@ def test_mask_token_taken_added_or_placed_in_a_padded_row(tmp_path):
     emb = model.get_input_embeddings().weight
     assert added and emb.shape[0] == rows and model.config.mask_token_id < rows
     assert torch.allclose(emb[model.config.mask_token_id], emb[:len(tok) - 1].mean(0))
+
+
+@pytest.mark.parametrize("first_draft", ["mask", "verifier"])
+def test_the_layout_distill_trains_is_the_layout_the_engine_drafts(tmp_path, first_draft):
+    """The draft forward `recguide distill` trains and measures with (`loop.block_layout` + `seed_layout` + the
+    adapter's routing, on the clean prefix's cache) gives the logits the engine's own draft forward gives for the
+    same prefix and seed, so what training optimises and what decoding runs cannot drift apart (fp32, atol 1e-4).
+    Each row's first round is compared: seed = the prompt's last token, block [seed, MASK x (B-1)]."""
+    from argparse import Namespace
+
+    from transformers import DynamicCache
+
+    from recguide_hf.core.config import DecodingConfig
+    from recguide_hf.core.engine import Engine, SamplingSettings
+    from recguide_hf.core.masks import additive_mask, left_pad
+    from recguide_hf.models.compat import CACHE_KW
+    from recguide_hf.models.draft_adapter import route
+    from recguide_hf.models.registry import as_backbone
+    from recguide_hf.tools.distill.loop import AdapterStudent, block_layout, seed_layout
+
+    base = write_tiny_llama(tmp_path / "base")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    model.config.mask_token_id = mask = 5
+    student = AdapterStudent(model, Namespace(init=None, rank=4, alpha=8.0, targets=["q_proj", "o_proj", "up_proj"],
+                                              first_draft=first_draft))
+    with torch.no_grad():
+        for b in student.adapter.lora_B:
+            b.normal_(0, 0.5)  # a trained adapter: not the identity
+    block = 6
+    prompts = [[11, 40, 7, 19, 23, 60, 31], [12, 8, 90, 14]]  # rows of different lengths: left padding in the engine
+    backbone = as_backbone(model)
+    seen = []
+    forward = backbone.forward
+
+    def recording(ids, pos, mask_, cache, draft_mask=None, logits_to_keep=0):
+        logits = forward(ids, pos, mask_, cache, draft_mask=draft_mask, logits_to_keep=logits_to_keep)
+        if draft_mask is not None and not seen:  # the first draft forward
+            seen.append((ids.clone(), pos.clone(), logits.clone()))
+        return logits
+
+    backbone.forward = recording
+    ids, attn = left_pad(prompts, 0)
+    settings = SamplingSettings(max_new_tokens=block, eos_token_ids=[], pad_token_id=0)
+    with torch.no_grad():
+        Engine(backbone, DecodingConfig(mode="linear", block_size=block, first_draft=first_draft),
+               settings).generate(ids, attn)
+    engine_ids, engine_pos, engine_logits = seen[0]
+    for r, prompt in enumerate(prompts):
+        x = torch.tensor([prompt])
+        t = len(prompt) - 1  # the seed's position
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=x[:, :t], use_cache=True, **{CACHE_KW: cache})
+            block_ids, pos, _, allowed = block_layout(x[:, :t + 1], torch.tensor([[t]]), block, mask)
+            allowed = allowed[..., [*range(t), *range(t + 1, t + 1 + block)]]  # the keys: the cached prefix + block
+            draft_mask, allowed = seed_layout(block_ids, allowed, mask, first_draft)
+            with route(student.adapter, draft_mask):
+                logits = model(input_ids=block_ids, position_ids=pos, attention_mask=additive_mask(allowed),
+                               use_cache=True, **{CACHE_KW: cache}).logits
+        assert torch.equal(engine_ids[r], block_ids[0]) and torch.equal(engine_pos[r], pos[0])
+        torch.testing.assert_close(engine_logits[r], logits[0], atol=1e-4, rtol=0)

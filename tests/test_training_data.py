@@ -208,3 +208,14 @@ def test_average_adapters_is_the_mean_of_a_and_b_and_records_it(tmp_path):
               folders[1] / "adapter_model.safetensors")
     with pytest.raises(ValueError, match="shapes"):
         average(folders, tmp_path / "out2")
+
+
+def test_confidence_weights_by_hand():
+    """D-PACE's weights: w_k = sum_{m>=k} prod_{j<=m} (0.5 + 0.5 q_j); untrained places count as certain."""
+    from recguide_hf.tools.distill.loop import confidence_weights
+
+    q = torch.tensor([[0.0, 1.0, 0.0, 0.5]])  # one block of 4 places; place 0 (a seed) not trained
+    trained = torch.tensor([[False, True, True, True]])
+    w = confidence_weights(q, trained, 4)
+    # reach: 1 (seed), 1, 0.5, 0.375; w_k = sum of reach from k on
+    assert w.tolist() == [[0.0, 1.875, 0.875, 0.375]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shlex
 from pathlib import Path
 
 import torch
@@ -32,10 +33,17 @@ def save_parts(args, model, work: Path) -> Path:
     save_draft_adapter(model, parts / "draft_lora", dtype=getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[
         args.adapter_dtype]))
     log = json.loads((final / "distill_log.json").read_text())
-    log["args"] = {k: v for k, v in log["args"].items() if k not in ("func", "cli_argv", "command_line")}
+    # the base's folder is a path on the machine that made it: the shipped log names it BASE, as the card does
+    log["args"] = {k: str(v).replace(str(args.base), "BASE") for k, v in log["args"].items()
+                   if k not in ("func", "cli_argv", "command_line")}
     (parts / "draft_lora" / "distill_log.json").write_text(json.dumps(log, indent=1))
-    (parts / "settings.json").write_text(json.dumps({"block_size": args.block_size}, indent=1) + "\n")
+    (parts / "settings.json").write_text(json.dumps(folder_settings(args), indent=1) + "\n")
     return parts
+
+
+def folder_settings(args) -> dict:
+    """What `settings.json` ships and `assemble_folder` writes into the folder's config and generation config."""
+    return {"block_size": args.block_size, "recguide_first_draft": getattr(args, "first_draft", "mask")}
 
 
 def tables(args, model, tokenizer, work: Path) -> None:
@@ -54,8 +62,8 @@ def tables(args, model, tokenizer, work: Path) -> None:
         value.unlink()  # acceptance is the adapter's: a run trained on needs it measured again (costs are not)
     if value.exists() and (parts / "cost_table.json").exists():
         return
-    folder = assemble_folder(base_of(args, work), parts, work / "folder", model.config.mask_token_id,
-                             args.block_size, link=True)  # read only, in the work folder
+    folder = assemble_folder(base_of(args, work), parts, work / "folder", model.config.mask_token_id, link=True,
+                             **folder_settings(args))  # read only, in the work folder
     loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)
     loaded.to(args.device).eval()
     if not (parts / "value_table.json").exists():
@@ -74,10 +82,12 @@ def card(args, tokenizer, work: Path, parts: Path) -> str:
     log = json.loads((parts / "draft_lora" / "distill_log.json").read_text())
     last = log["log"][-1]
     first = log["log"][0]
-    commands = (work / "command.txt").read_text().strip().splitlines() if (work / "command.txt").exists() else []
-    sets = sorted({k.split("_", 2)[2] for k in last if k.startswith("tau_B")})
+    commands = [portable(c, args) for c in (work / "command.txt").read_text().strip().splitlines()] \
+        if (work / "command.txt").exists() else []
+    sets = sorted({k.split("_", 2)[2] for k in last if k.startswith("tau_B")}, key=lambda s: (s == "train", s))
     rows = "\n".join(f"| {s} | " + " | ".join(f"{first.get(f'tau_B{b}_{s}', '-')} -> {last.get(f'tau_B{b}_{s}', '-')}"
-                                              for b in (4, 8, 16)) + " |" for s in sets)
+                                              for b in (4, 8, 16)) + f" | {_yes(last.get(f'equal_{s}'))} |"
+                     for s in sets)
     teacher = log.get("teacher_rows", {})
     size = sum(f.stat().st_size for f in (parts / "draft_lora").glob("*.safetensors"))
     adapter = json.loads((parts / "draft_lora" / "adapter_config.json").read_text())
@@ -96,24 +106,29 @@ base model's own greedy output, token for token; where drafting pays on the hard
 small CPU it often does not, and the policy takes plain steps), in fewer forwards.
 
 * MASK token: `{tokenizer.convert_ids_to_tokens(log_mask(work))}` (id {log_mask(work)}); the vocabulary is {vocab}.
-* Drafting LoRA: rank {args.rank}, alpha {args.alpha}, on {targets}; {log["trainable_parameters"] / 1e6:.2f}M
-  parameters, stored as {args.adapter_dtype} ({size / 2**20:.1f} MiB).
+* Drafting LoRA: rank {adapter["r"]}, alpha {adapter["lora_alpha"]}, on {targets};
+  {log["trainable_parameters"] / 1e6:.2f}M parameters, stored as {args.adapter_dtype} ({size / 2**20:.1f} MiB).
 * Trained by self-distillation on the base's own greedy continuations: {teacher.get("rows")} rows,
   {teacher.get("continuation_tokens")} continuation tokens ({teacher.get("seconds")} s to generate), chat instructions
   and raw code from the Python standard library's training split; {log["step"]} steps, {log["elapsed"] / 60:.1f}
   minutes ({log["cpu_seconds"] / 3600:.2f} CPU core-hours: the process's CPU time) on {platform.machine()} /
   {args.device}.
 
-## Measured acceptance (held-out rows, accepted-run estimate)
+## Measured acceptance (decoding, held-out prompts)
 
-tau(B) = 1 + E[min(accepted run, B - 1)] on the base's greedy continuations of held-out prompts (files training
-never saw), before -> after training:
+tau(B): tokens per round of LinearSS greedy decoding through the engine at block size B, {args.new_tokens} new tokens,
+on held-out prompts (files training never saw; `train`: as many training prompts, to show overfitting), before ->
+after training; "= greedy": every output equalled the base's greedy continuation. The first draft comes from
+{"the seed's own causal logits (`recguide_first_draft=verifier`)" if getattr(args, "first_draft", "mask") == "verifier"
+ else "the first mask position"}.
 
-| set | B = 4 | B = 8 | B = 16 |
-|---|---|---|---|
+| set | B = 4 | B = 8 | B = 16 | = greedy |
+|---|---|---|---|---|
 {rows}
 
 ## How it was made
+
+`BASE` is the base model's folder{base_note(args)}.
 
 ```
 {chr(10).join(commands)}
@@ -125,6 +140,30 @@ time, so the number of teacher rows and of training steps (and so the weights) f
 """
 
 
+def _yes(flag) -> str:
+    return "-" if flag is None else ("yes" if flag else "no")
+
+
+def portable(command: str, args) -> str:
+    """A `recguide distill` command as the card quotes it: the base folder (a path on the machine that made it) as
+    `BASE`, other absolute paths by their name."""
+    words = shlex.split(command)
+    base = {str(args.base), str(Path(args.base).resolve())}
+    words = ["BASE" if w in base or (i == 2 and w.startswith("/")) else (Path(w).name if w.startswith("/") else w)
+             for i, w in enumerate(words)]
+    return " ".join(shlex.quote(w) if w != "BASE" else w for w in words)
+
+
+def base_note(args) -> str:
+    from ...models.known import KNOWN_MODELS
+
+    for name in KNOWN_MODELS:
+        if Path(args.base).name == f"{name}-base":  # where `recguide fetch` converts a known model's base
+            return (f" ({args.base_name or name}): the one `recguide fetch {name}` converts, "
+                    f"`~/.cache/recguide/{name}-base`")
+    return f" ({args.base_name})" if args.base_name else ""
+
+
 def log_mask(work: Path) -> int:
     return json.loads((work / "mask.json").read_text())["mask_token_id"]
 
@@ -134,7 +173,7 @@ def export(args, model, tokenizer, work: Path) -> Path:
     if not (parts / "draft_lora").exists():
         save_parts(args, model, work)
     (parts / "README.md").write_text(card(args, tokenizer, work, parts))
-    out = assemble_folder(base_of(args, work), parts, args.out, model.config.mask_token_id, args.block_size,
-                          weights=not args.no_weights)
+    out = assemble_folder(base_of(args, work), parts, args.out, model.config.mask_token_id,
+                          weights=not args.no_weights, **folder_settings(args))
     print(f"exported {out}{' (without the base weights)' if args.no_weights else ''}", flush=True)
     return out

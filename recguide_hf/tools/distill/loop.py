@@ -41,12 +41,36 @@ from ...models.draft_adapter import add_draft_adapter, attach_draft_adapter, rou
 
 
 # ---------------------------------------------------------------- draft blocks and the loss
+def block_layout(x: torch.Tensor, starts: torch.Tensor, block_size: int, mask_id: int,
+                 no_seed: torch.Tensor | None = None):
+    """Draft blocks at anchors `starts` [N, K] over clean rows x [N, L], laid out as the engine's draft forward lays
+    a round out: block k is `[x_t, MASK x (B-1)]` (where `no_seed` [N, K, 1] is set: `[MASK x B]`, the continuation
+    branch's shape) at positions t .. t+B-1, seeing the clean keys before t and its own block bidirectionally.
+    Returns input ids and position ids [N, K*B], the clean tokens at the block's places [N, K, B] and the boolean
+    attention pattern [N, 1, K*B, L + K*B]. Training, the held-out measurement and the layout test use it."""
+    n, length = x.shape
+    k, b = starts.shape[1], block_size
+    offs = torch.arange(b, device=x.device)
+    pos = starts[:, :, None] + offs  # [N, K, B]
+    targets = torch.gather(x, 1, pos.clamp(max=length - 1).view(n, -1)).view(n, k, b)
+    masked = (offs > 0) if no_seed is None else (offs > 0) | no_seed
+    inputs = torch.where(masked, torch.full_like(targets, mask_id), targets)
+    # attention: clean keys j < t, plus own block (bidirectional)
+    col = torch.arange(length, device=x.device)
+    sees_clean = col[None, None, :] < starts[:, :, None]  # [N, K, L]
+    sees_clean = sees_clean[:, :, None, :].expand(n, k, b, length).reshape(n, k * b, length)
+    blk = torch.arange(k, device=x.device).repeat_interleave(b)
+    sees_block = (blk[:, None] == blk[None, :]).expand(n, k * b, k * b)
+    allowed = torch.cat([sees_clean, sees_block], dim=-1)[:, None]  # [N, 1, K*B, L+K*B]
+    return inputs.view(n, -1), pos.view(n, -1), targets, allowed
+
+
 def draft_blocks(x: torch.Tensor, block_size: int, num_blocks: int, mask_id: int, gen: torch.Generator,
                  lo: int = 1, valid: torch.Tensor | None = None):
-    """Sample draft blocks over clean sequences x [N, L].
+    """Sample draft blocks over clean sequences x [N, L] (`block_layout` at random anchors).
 
     Anchors t lie in [lo, L - B] (or, with `valid` [N], in [lo, valid - 2] with targets at or past `valid`
-    not trained; `lo` may then be per row, [N]).
+    not trained; `lo` may then be per row, [N]); a quarter of the blocks are continuation-shaped.
     Returns block input ids, position ids, targets (-100 where not trained), per-position loss
     weights (all [N, K*B]) and the boolean attention pattern [N, 1, K*B, L + K*B].
     """
@@ -61,21 +85,12 @@ def draft_blocks(x: torch.Tensor, block_size: int, num_blocks: int, mask_id: int
         span = (valid[:, None] - 1 - lo).clamp(min=1)
         starts = lo + (torch.rand(n, k, generator=gen) * span).long()  # [N, K]
         limit = valid
-    pos = starts[:, :, None] + offs  # [N, K, B]
-    targets = torch.gather(x, 1, pos.clamp(max=length - 1).view(n, -1)).view(n, k, b)
     no_seed = torch.rand(n, k, 1, generator=gen) < 0.25  # continuation-shaped blocks: [MASK x B]
-    masked = ((offs > 0) | no_seed) & (pos < limit[:, None, None])  # [N, K, B]
-    inputs = torch.where((offs > 0) | no_seed, torch.full_like(targets, mask_id), targets)
+    inputs, pos, targets, allowed = block_layout(x, starts, b, mask_id, no_seed)
+    masked = ((offs > 0) | no_seed) & (pos.view(n, k, b) < limit[:, None, None])  # [N, K, B]
     labels = torch.where(masked, targets, torch.full_like(targets, -100))
     weights = (1.0 / torch.sqrt(offs.clamp(min=1).float())).expand(n, k, b) * masked
-    # attention: clean keys j < t, plus own block (bidirectional)
-    col = torch.arange(length)
-    sees_clean = col[None, None, :] < starts[:, :, None]  # [N, K, L]
-    sees_clean = sees_clean[:, :, None, :].expand(n, k, b, length).reshape(n, k * b, length)
-    blk = torch.arange(k).repeat_interleave(b)
-    sees_block = (blk[:, None] == blk[None, :]).expand(n, k * b, k * b)
-    allowed = torch.cat([sees_clean, sees_block], dim=-1)[:, None]  # [N, 1, K*B, L+K*B]
-    return inputs.view(n, -1), pos.view(n, -1), labels.view(n, -1), weights.view(n, -1), allowed
+    return inputs, pos, labels.view(n, -1), weights.view(n, -1), allowed
 
 
 
@@ -136,6 +151,19 @@ def decay_weights(block_pos: torch.Tensor, decay: float, first: int = 1) -> torc
     return torch.where(k >= first, torch.exp(-(k - first).float() / decay), torch.zeros_like(k, dtype=torch.float))
 
 
+
+
+def confidence_weights(q: torch.Tensor, trained: torch.Tensor, block: int) -> torch.Tensor:
+    """D-PACE's loss weights (arXiv 2605.18810) from the drafter's own confidence, detached: at block place k,
+    `w_k = sum_{m>=k} prod_{j<=m} (0.5 + 0.5 q_j)`, q_j the student's probability of the verifier's token at place j
+    (a place that is not trained counts as certain, q = 1: a seed, or d_1 taken from the verifier). A place weighs
+    what every later place's acceptance depends on it, as far as the places before it are likely right.
+    q, trained: [N, K*B] (blocks of `block` consecutive places); returns [N, K*B], 0 where not trained."""
+    n = q.shape[0]
+    q = torch.where(trained, q, torch.ones_like(q)).view(n, -1, block)
+    reach = torch.cumprod(0.5 + 0.5 * q, -1)  # prod_{j<=m}
+    w = reach.flip(-1).cumsum(-1).flip(-1)  # sum_{m>=k}
+    return (w.view(n, -1) * trained).detach()
 
 
 def seed_layout(ids: torch.Tensor, allowed: torch.Tensor, mask_id: int, first_draft: str):
@@ -229,6 +257,10 @@ class AdapterStudent:
         weights = decay_weights(block_pos, args.decay)
         if self.first_draft == "verifier":  # d_1 is the seed's (exact); acceptance is first at risk at place 2
             weights = torch.where(seeded, decay_weights(block_pos, args.decay, first=2), weights)
+        if getattr(args, "weights", "decay") == "confidence":
+            target = t_logp.argmax(-1, keepdim=True)
+            q = logits.detach().float().log_softmax(-1).gather(-1, target).squeeze(-1).exp()
+            weights = confidence_weights(q, (weights > 0) & (ok > 0), block)
         return distill_loss(logits.flatten(0, 1), t_logp.flatten(0, 1), ok.flatten(), weights.flatten(),
                             args.kl_weight, self.mask_id, getattr(args, "rank2_weight", 0.0), self.eos_ids)
 
@@ -241,16 +273,10 @@ class AdapterStudent:
         anchors = torch.arange(lo, length - block + 1, stride, device=dev)
         a = len(anchors)
         offs = torch.arange(block, device=dev)
-        pos = (anchors[:, None] + offs).expand(n, a, block).reshape(n, -1)
-        ids = torch.full((n, a, block), self.mask_id, device=dev)
-        ids[:, :, 0] = x[:, anchors]
-        col = torch.arange(length, device=dev)
-        sees_clean = (col[None, :] < anchors[:, None]).repeat_interleave(block, 0)  # [A*B, L]
-        blk = torch.arange(a, device=dev).repeat_interleave(block)
-        allowed = torch.cat([sees_clean, blk[:, None] == blk[None, :]], -1)[None, None].expand(n, 1, -1, -1)
-        draft_mask, allowed = seed_layout(ids.view(n, -1), allowed, self.mask_id, self.first_draft)
+        ids, pos, _, allowed = block_layout(x, anchors.expand(n, a), block, self.mask_id)
+        draft_mask, allowed = seed_layout(ids, allowed, self.mask_id, self.first_draft)
         with route(self.adapter, draft_mask):
-            logits = self.model(input_ids=ids.view(n, -1), position_ids=pos, attention_mask=additive_mask(allowed),
+            logits = self.model(input_ids=ids, position_ids=pos, attention_mask=additive_mask(allowed),
                                 use_cache=True, **{CACHE_KW: cache}).logits
         cache.crop(-a * block)
         logits[..., self.mask_id] = float("-inf")
@@ -273,6 +299,9 @@ class AdapterStudent:
 
 
 # ---------------------------------------------------------------- held-out measurement
+MEASURED_BLOCKS = (4, 8, 16)  # the block sizes `recguide distill` logs tau at (LinearSS through the engine)
+
+
 def linear_names(model) -> list[str]:
     """The names of every Linear inside the decoder layers (q/k/v/o and the MLP's, for the usual families)."""
     layers = next(m for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList))
@@ -382,7 +411,8 @@ def resume(params, opt, blob: dict | None, state: dict) -> dict:
 def train(args, verifier, tokenizer, work: Path) -> Path:
     """`recguide distill`'s training step: a drafting adapter into `work/run/final`, resuming `work/run/ckpt.pt`
     when there is one, until `args.minutes` of training have passed in all; returns the final adapter folder."""
-    from .teacher import TeacherRows
+    from .measure import engine_taus, rows_as_prompts
+    from .teacher import TeacherRows, stop_ids
 
     run = work / "run"
     ckpt = run / "ckpt.pt"
@@ -394,12 +424,17 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
                 write_log(args, work, blob["state"], sum(p.numel() for p in blob["params"]))
             return run / "final"
     torch.manual_seed(args.seed)
-    device = next(verifier.parameters()).device
     student = AdapterStudent(verifier, args)
     params = student.parameters()
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     batches = TeacherRows([work / "teacher" / "train.npz"], args.batch_size, args.seed)
-    held = {p.stem.removeprefix("heldout_"): load_rows(p) for p in sorted((work / "teacher").glob("heldout_*.npz"))}
+    # decoding's own figures on held-out prompts (and on as many training rows, to show overfitting): the engine's
+    # rounds, whose output must equal the rows' greedy continuations
+    # (`--eval-prompts` of each: the held-out files may hold more, made by a run that asked for more)
+    held = {p.stem.removeprefix("heldout_"): rows_as_prompts(*(t[:args.eval_prompts] for t in load_rows(p)))
+            for p in sorted((work / "teacher").glob("heldout_*.npz"))}
+    held["train"] = rows_as_prompts(*(t[:args.eval_prompts] for t in load_rows(work / "teacher" / "train.npz")))
+    eos_ids, pad_id = stop_ids(verifier, tokenizer)
     state = resume(params, opt, blob, {"step": 0, "elapsed": 0.0, "cpu_seconds": 0.0, "tokens": 0, "log": [],
                                        "runs": 0})
     if state["step"]:
@@ -410,9 +445,10 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
 
     def measure():
         out = {}
-        for name, (x, lo, valid) in held.items():
-            taus = heldout_taus(student, verifier, x.to(device), lo.to(device), valid.to(device))
-            out.update({f"{k}_{name}": v for k, v in taus.items()})
+        for name, (prompts, conts) in held.items():
+            res = engine_taus(verifier, prompts, MEASURED_BLOCKS, args.new_tokens, student.first_draft, batch=32,
+                              pad_token_id=pad_id, eos_token_ids=eos_ids, references=conts)
+            out.update({f"{k}_{name}": res[k] for k in res if k.split("_")[0] in ("tau", "tpf", "accept", "equal")})
         return out
 
     num_params = sum(p.numel() for p in params)

@@ -13,7 +13,8 @@ stops (a time budget, a closed session) continues where it stopped when the same
    from files training never sees, for the tau curve.
 3. Distillation (`loop.py`): a drafting LoRA on every linear layer, trained so draft blocks `[x_t, MASK...]`
    predict the frozen verifier's greedy tokens; `--minutes` of training in all (across runs), checkpoints every
-   few minutes, tau(B) on the held-out rows every `--eval-minutes`.
+   few minutes, and every `--eval-minutes` tau(B) as decoding sees it: LinearSS through the engine on the held-out
+   prompts (and on as many training prompts), its output checked against the rows (`measure.py`).
 4. Tables: the value table (`recguide calibrate`'s fit) and this machine's cost table (`recguide profile`).
 5. Export: weights (or, with `--no-weights`, only what the base lacks), config with `mask_token_id` and the remote
    code map, generation config, shims, `draft_lora/`, tables, and a model card with the measured tau and the
@@ -116,6 +117,8 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     d.add_argument("--batch-size", type=int, default=8)
     d.add_argument("--lr", type=float, default=1e-3)
     d.add_argument("--warmup", type=int, default=20)
+    d.add_argument("--init", type=Path, default=None, help="start from this drafting LoRA (a PEFT folder, e.g. a "
+                                                            "shipped draft_lora/): --rank, --alpha, --targets are its")
     d.add_argument("--rank", type=int, default=16)
     d.add_argument("--alpha", type=float, default=32)
     d.add_argument("--targets", nargs="+", default=None, help="adapted linear layers (default: every linear in the "
@@ -124,6 +127,12 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     d.add_argument("--draft-tokens", type=int, default=96, help="draft-block tokens per row and step")
     d.add_argument("--kl-weight", type=float, default=1.0)
     d.add_argument("--decay", type=float, default=4.0, help="loss weight exp(-(k-1)/decay) at block place k")
+    d.add_argument("--weights", choices=["decay", "confidence"], default="decay",
+                   help="loss weights along the block: exp(-(k-1)/decay), or D-PACE's from the drafter's own "
+                        "confidence (loop.confidence_weights)")
+    d.add_argument("--first-draft", choices=["mask", "verifier"], default="mask",
+                   help="where d_1 comes from (recguide_first_draft, written into the folder's generation config): "
+                        "the first mask, or the seed's own causal next-token logits with the base weights")
     d.add_argument("--eval-minutes", type=float, default=10)
     d.add_argument("--ckpt-minutes", type=float, default=5)
     e = p.add_argument_group("tables and export")

@@ -53,13 +53,19 @@ def write_rows(path: Path, prompts: list[list[int]], conts: list[list[int]], pad
     return info
 
 
-def make_teacher_rows(model, tokenizer, prompts: list[list[int]], out: Path, new_tokens: int = 128,
-                      batch_size: int = 16, minutes: float | None = None, mask_id: int | None = None) -> dict:
-    """Continue `prompts` (in batches of similar length) until done or `minutes` pass; write the rows to `out`."""
+def stop_ids(model, tokenizer) -> tuple[list[int], int]:
+    """(EOS ids, pad id) the teacher rows were made with: the generation config's EOS (else the tokenizer's), the
+    tokenizer's pad (else the first EOS). Decoding that must reproduce the rows uses the same."""
     eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None \
         else tokenizer.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
+def make_teacher_rows(model, tokenizer, prompts: list[list[int]], out: Path, new_tokens: int = 128,
+                      batch_size: int = 16, minutes: float | None = None, mask_id: int | None = None) -> dict:
+    """Continue `prompts` (in batches of similar length) until done or `minutes` pass; write the rows to `out`."""
+    eos_ids, pad_id = stop_ids(model, tokenizer)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     np.random.default_rng(0).shuffle(batches)  # similar lengths within a batch, every length across the run
