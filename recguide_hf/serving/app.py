@@ -326,8 +326,8 @@ def build_app(worker: EngineWorker, tokenizer, model_name: str, limits: ServerLi
         try:
             while True:
                 get = asyncio.ensure_future(events.get())
-                finished, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-                if watch in finished:
+                ready, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+                if watch in ready:
                     get.cancel()
                     worker.cancel(rid)
                     return JSONResponse({}, status_code=499)

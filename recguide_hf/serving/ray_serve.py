@@ -180,10 +180,42 @@ def replica_states() -> dict[str, int]:
         return {}
 
 
+def routed_to_every_replica(host: str, port: int, count: int, api_key: str | None = None,
+                            timeout: float = 300.0) -> set[str]:
+    """Wait until `count` replicas run AND Serve's proxy routes to each of them: `serve.run` returns when the
+    application is up, but the proxy learns of replicas started late (the second of two, on a busy machine) a
+    moment later, and a burst sent meanwhile all lands on the first. Probes `/v1/models` through the proxy (each
+    answer names its replica, `x-recguide-replica`) until `count` different replicas answered. Returns their ids;
+    raises TimeoutError after `timeout` seconds."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/v1/models"
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if replica_states().get("RUNNING", 0) >= count:
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+                    if r.headers.get(REPLICA_HEADER):
+                        seen.add(r.headers[REPLICA_HEADER])
+            except (urllib.error.URLError, OSError):  # the proxy's own error while it catches up
+                pass
+            if len(seen) >= count:
+                return seen
+            time.sleep(0.05)
+        else:
+            time.sleep(0.5)
+    raise TimeoutError(f"Serve's proxy routed to {len(seen)} of {count} replicas within {timeout:.0f} s")
+
+
 def run(settings: ReplicaSettings, scale: ScaleSettings, host: str = "127.0.0.1", port: int = 8000,
         address: str | None = None, num_cpus: int | None = None, on_ready=None) -> None:
     """Start Ray (a local instance unless `address` names a cluster), Serve's proxy on host:port, and the
-    deployment; block until interrupted (SIGINT / SIGTERM), then shut Serve and Ray down.
+    deployment; call `on_ready` once the proxy routes to every replica (`routed_to_every_replica`: the count, or
+    autoscaling's minimum); block until interrupted (SIGINT / SIGTERM), then shut Serve and Ray down.
 
     A local instance advertises 127.0.0.1 only when Ray was imported with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
     (Ray reads it at import; despite its name it is how Linux gets a loopback-only node too): `recguide serve`
@@ -203,6 +235,8 @@ def run(settings: ReplicaSettings, scale: ScaleSettings, host: str = "127.0.0.1"
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(application(settings, scale), name="recguide", route_prefix="/")
+        wanted = scale.autoscale[0] if scale.autoscale else scale.replicas
+        routed_to_every_replica(host, port, wanted, settings.api_key)
         if on_ready:
             on_ready()
         for sig in (signal.SIGINT, signal.SIGTERM):

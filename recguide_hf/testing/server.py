@@ -90,9 +90,10 @@ def stop_server(proc: subprocess.Popen, timeout: float = 20):
 
 
 def burst(client, model: str, count: int, timeout: float = 300, prompt: str = "class A:",
-          max_tokens: int = 200) -> list:
+          max_tokens: int = 200, refusals: list | None = None) -> list:
     """`count` long greedy completions at once (an `openai` client): each one's HTTP status (200, or the refusal's
-    code), or the repr of any other error; bounded by `timeout` seconds per thread."""
+    code), or the repr of any other error; bounded by `timeout` seconds per thread. `refusals`, when given, gets
+    each refusal's (status, content type, body text)."""
     import openai
 
     codes: list = []
@@ -103,6 +104,8 @@ def burst(client, model: str, count: int, timeout: float = 300, prompt: str = "c
             codes.append(200)
         except openai.APIStatusError as err:
             codes.append(err.status_code)
+            if refusals is not None:
+                refusals.append((err.status_code, err.response.headers.get("content-type", ""), err.response.text))
         except Exception as err:  # noqa: BLE001 - shown to the caller
             codes.append(repr(err)[:80])
 
