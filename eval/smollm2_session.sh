@@ -2,26 +2,36 @@
 # Everything measured on SmolLM2-135M-Instruct after its drafting LoRA was trained (docs/distill.md), in order, each
 # step logged; run it alone on the machine (every step times or trains). RECGUIDE_CACHE: where the folders live.
 #
-#   bash eval/smollm2_session.sh WORK     # WORK: the `recguide distill --work` folder of the training run
+#   bash eval/smollm2_session.sh WORK [MINUTES [DISTILL FLAGS...]]
+#
+# WORK: the `recguide distill --work` folder of the training run (the winning arm of eval/drafter_ab.sh: its
+# runs/ab/ARM/work), MINUTES the budget it reached, then that run's own recipe flags (e.g. --first-draft verifier).
 set -euo pipefail
-WORK=${1:?usage: eval/smollm2_session.sh WORK [MINUTES]}
-MINUTES=${2:-100}   # the training budget the run reached (its steps are done: this only finishes it)
+WORK=${1:?usage: eval/smollm2_session.sh WORK [MINUTES [DISTILL FLAGS...]]}
+MINUTES=${2:-15}   # the training budget the run reached (its steps are done: this only finishes it)
+shift $(( $# < 2 ? $# : 2 ))
 OUT=eval/results/smollm2
 SHIP=recguide_hf/bundled/smollm2
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
+# 0. acceptance of the adapter shipped so far, by decoding (before it is replaced)
+[ -f "$OUT/engine_tau_before.json" ] || python eval/engine_tau.py --prompts 16 --out "$OUT/engine_tau_before.json"
+# the CPU cost table prices the base's forwards on this machine's kind, whatever the adapter: the shipped one is kept
+# (delete WORK/parts/cost_table.json to profile again)
+mkdir -p "$WORK/parts" && { [ -f "$WORK/parts/cost_table.json" ] || cp "$SHIP/cost_table.json" "$WORK/parts/"; }
 # 1. tables and the export (the training run's own command, continued: its steps already done are skipped)
 recguide distill "${RECGUIDE_CACHE:-$HOME/.cache/recguide}/smollm2-base" "$WORK/../out" --work "$WORK" --mask-token "<empty_output>" \
-    --teacher-minutes 22 --teacher-batch 48 --minutes "$MINUTES" --base-name HuggingFaceTB/SmolLM2-135M-Instruct \
+    --minutes "$MINUTES" --base-name HuggingFaceTB/SmolLM2-135M-Instruct --eval-prompts 16 \
     --calibrate-prompts 32 --profile-concurrency 1 4 16 --profile-block-sizes 1 2 4 8 16 32 --profile-repeats 3 \
-    --adapter-dtype bf16
-# 2. what the repository ships: the parts, not the base weights
+    --adapter-dtype bf16 --block-size 16 "$@"
+# 2. what the repository ships: the parts, not the base weights (the CPU cost table measures the base's forwards:
+#    kept from the last run when this one made none)
 rm -rf "$SHIP" && mkdir -p "$SHIP" && cp -r "$WORK/parts/." "$SHIP/"
 recguide fetch smollm2
-# 3. the tau curve, and tau of the shipped (bf16-stored) adapter on the same held-out rows
-python eval/tau_curve.py "$SHIP/draft_lora/distill_log.json" --out "$OUT"
-python eval/smollm2_check.py --work "$WORK" --out "$OUT/check.json"
+# 3. acceptance as decoding sees it (held-out chat and code, 64 and 256 new tokens), and the prompt
+python eval/engine_tau.py --prompts 16 --out "$OUT/engine_tau.json"
+python eval/smollm2_check.py --out "$OUT/check.json"
 # 4. CPU closed loop and static batches against HF's fast paths (held-out prompts: HumanEval + prose)
 recguide bench --model smollm2 --methods ar ar-static ar-compile linear-1 linear-4 linear-8 recguide --concurrency 1 16 \
     --max-new-tokens 64 --repeats 2 --min-prompts 8 --out "$OUT/cpu"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -86,7 +87,18 @@ def render(name: str, **context) -> str:
     text = "\n".join(out)
     for key, value in raws.items():
         text = text.replace(f"\x00{key}\x00", value)
-    return text.strip("\n")
+    return portable(text).strip("\n")
+
+
+def portable(text: str) -> str:
+    """A run's command as typed on the machine that ran it, as the pages show it: paths inside this repository
+    relative to it, a known model's folder (wherever that machine's cache was) as `$(recguide fetch NAME)`."""
+    from recguide_hf.models.known import KNOWN_MODELS
+
+    text = text.replace(f"{ROOT}/", "")
+    for name in KNOWN_MODELS:
+        text = re.sub(rf"(?<![\w.~])/[\w./-]*/{name}(?![\w-])", f"$(recguide fetch {name})", text)
+    return text
 
 
 def policy_table(res: Path) -> str:
@@ -116,10 +128,11 @@ def policy_table(res: Path) -> str:
     return render("policy.md", **context)
 
 
-def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
+def against_best_other(rows: list[dict], ours: str = "recguide", settings: bool = False) -> list[dict]:
     """Per C of a bench run, ascending: its rows by method and `ours` against the fastest other method
     (`bench.against_fastest_other`, methods by name; `paired`: the median of the per-repeat ratios, None without
-    them), and whether every method's output equalled HF greedy there."""
+    them), and whether every method's output equalled HF greedy there. `settings`: the fastest of `ours`'s own
+    settings (compiled or not) against the fastest method of another base."""
     from recguide_hf.tools.bench import against_fastest_other
 
     by_c: dict[int, list[dict]] = {}
@@ -127,8 +140,9 @@ def against_best_other(rows: list[dict], ours: str = "recguide") -> list[dict]:
         by_c.setdefault(r["concurrency"], []).append(r)
     out = []
     for c, rows_c in sorted(by_c.items()):
-        a = against_fastest_other(rows_c, ours)
-        out.append({"c": c, "rows": {r["method"]: r for r in rows_c}, "best": a["best"]["method"], "ratio": a["ratio"],
+        a = against_fastest_other(rows_c, ours, settings=settings)
+        out.append({"c": c, "ours": a["ours"]["method"], "rows": {r["method"]: r for r in rows_c},
+                    "best": a["best"]["method"], "ratio": a["ratio"],
                     "paired": statistics.median(a["paired"]) if a["paired"] else None,
                     "best_top": a["best_top"]["method"], "ratio_top": a["ratio_top"],
                     "best_priced": a["best_priced"]["method"] if a["best_priced"] is not None else None,
@@ -187,17 +201,10 @@ def smollm2_results(res: Path) -> str:
     d = res / "smollm2"
     if not (d / "check.json").exists():
         return "(SmolLM2 not measured yet: bash eval/smollm2_session.sh WORK)"
-    out = ["### Acceptance: the tau curve", "", (d / "tau_curve.md").read_text().strip(), "",
-           "![tau curve](eval/results/smollm2/tau_curve.png)", ""]
+    out = [engine_tau_section(d), ab_section(d)]
     check = json.loads((d / "check.json").read_text())
-    out += ["### As shipped", "",
-            "The adapter is stored in bf16; on the same held-out rows (`python eval/smollm2_check.py`):", ""]
-    out += ["| set | B = 4 | B = 8 | B = 16 | trained (fp32) B = 8 |", "|---|---|---|---|---|"]
-    for name, taus in check["shipped_adapter_taus"].items():
-        out.append(f"| {name} | {taus['tau_B4']:.2f} | {taus['tau_B8']:.2f} | {taus['tau_B16']:.2f} | "
-                   f"{check['trained_adapter_taus_fp32'].get(f'tau_B8_{name}', float('nan')):.2f} |")
     rg = check["generate"]["recguide"]
-    out += ["", f"`{rg['command']}` printed (equal to the base's HF greedy output: "
+    out += ["### As shipped", "", f"`{rg['command']}` printed (equal to the base's HF greedy output: "
             f"{'yes' if all(r['equal_to_hf_greedy'] for r in check['generate'].values()) else 'NO'}):", "",
             indented(rg["printed"]), ""]
     for name, title in (("cpu", "CPU closed loop against HF's fast paths"),
@@ -229,7 +236,74 @@ def smollm2_results(res: Path) -> str:
                 out.append(f"| {task} | {m['exact_match']:.3f} / {m['edit_similarity']:.3f} | "
                            f"{b['exact_match']:.3f} / {b['edit_similarity']:.3f} |")
             out.append("")
-    return "\n".join(out).rstrip()
+    return portable("\n".join(out).rstrip())
+
+
+def engine_tau_section(d: Path) -> str:
+    """Acceptance as decoding sees it (eval/engine_tau.py: engine_tau_before.json, the adapter shipped before, and
+    engine_tau.json, the one shipped now): per held-out set and output length, LinearSS tau at B = 4 / 8 / 16, TPF at
+    B = 8, the acceptance profile, RecGuide auto, the estimates at B = 8 and the parity check."""
+    runs = [(label, json.loads((d / name).read_text())) for label, name in
+            (("before", "engine_tau_before.json"), ("now", "engine_tau.json")) if (d / name).exists()]
+    if not runs:
+        return "### Acceptance as decoding sees it\n\n(not measured yet: python eval/engine_tau.py)\n"
+    out = ["### Acceptance as decoding sees it", "",
+           "LinearSS greedy decoding through the engine on held-out prompts (chat: held-out instructions through the "
+           "chat template; code: held-out raw code), tau = new tokens / rounds; `= greedy`: every output equalled the "
+           "base's HF greedy continuation. RecGuide auto decides by the shipped CPU cost table, where drafting rarely "
+           "pays, so its tau says little about the drafter. The estimates (B = 8, same prompts, teacher-forced on the "
+           "reference): the one `recguide distill` used to log (anchors every 4 tokens), the same mean over every "
+           "anchor, and decoding's own path over those runs (a round at t, the next at t + n + 1).", ""]
+    for label, run in runs:
+        out += [f"**{label}** (adapter: {run['adapter']}, first draft from {run['first_draft']}; "
+                f"`{run['command']}`):", "",
+                "| set | new tokens | prompts | tau B=4 | tau B=8 | tau B=16 | TPF B=8 | accepted k = 1..4 (B=8) | "
+                "RecGuide auto tau (block mix) | estimate logged / every anchor / decoding path | = greedy |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for key, r in run["sets"].items():
+            name, length = key.rsplit("_", 1)
+            auto, est = r["recguide_auto"], r["estimate_B8"]
+            mix = ", ".join(f"{b}: {n}" for b, n in sorted(auto["block_mix"].items(), key=lambda kv: int(kv[0])))
+            acc = ", ".join(f"{a:.2f}" for a in r["accept_B8"][:4])
+            out.append(f"| {name} | {length} | {r['num_prompts']} | {r['tau_B4']:.2f} | {r['tau_B8']:.2f} | "
+                       f"{r['tau_B16']:.2f} | {r['tpf_B8']:.2f} | {acc} | {auto['tau']:.2f} ({mix}) | "
+                       f"{est['distill_logged']:.2f} / {est['every_anchor']:.2f} / {est['decoding_path']:.2f} | "
+                       f"{'yes' if r['equal'] and auto['equal'] else 'NO'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+AB_ARMS = ("mask", "verifier", "verifier-confidence")
+
+
+def ab_section(d: Path) -> str:
+    """The equal-budget A/B arms of the drafting recipe (eval/drafter_ab.sh, logs in smollm2/ab/): per arm its
+    training CPU core-hours and tau by decoding at its start and end, held-out chat and code and training prompts."""
+    arms = [(name, json.loads((d / "ab" / f"{name}.json").read_text())) for name in AB_ARMS
+            if (d / "ab" / f"{name}.json").exists()]
+    if not arms:
+        return ""
+    first = arms[0][1]["args"]
+    out = ["### Choosing the recipe: equal-budget arms", "",
+           f"Each arm continues the adapter shipped before for {float(first['minutes']):.0f} minutes of training on "
+           f"the same {arms[0][1]['teacher_rows']['rows']} teacher rows (lr {first['lr']}; `bash eval/drafter_ab.sh "
+           "TEACHER`); tau by decoding (LinearSS, held-out prompts, 128 new tokens) at the arm's start -> end; "
+           "`train`: as many training prompts, to show overfitting.", "",
+           "| arm | recipe | CPU core-hours | chat B=4 | chat B=8 | chat B=16 | code B=4 | code B=8 | code B=16 | "
+           "train B=8 | = greedy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, log in arms:
+        a, start, end = log["args"], log["log"][0], log["log"][-1]
+        recipe = f"first draft: {a.get('first_draft', 'mask')}, weights: {a.get('weights', 'decay')}"
+        cells = [f"{start[f'tau_B{b}_{s}']:.2f} -> {end[f'tau_B{b}_{s}']:.2f}" for s in ("chat", "code")
+                 for b in (4, 8, 16)]
+        same = all(end.get(f"equal_{s}") for s in ("chat", "code", "train"))
+        out.append(f"| {name} | {recipe} | {log['cpu_seconds'] / 3600:.2f} | " + " | ".join(cells)
+                   + f" | {start['tau_B8_train']:.2f} -> {end['tau_B8_train']:.2f} | {'yes' if same else 'NO'} |")
+    best = max(arms, key=lambda a: a[1]["log"][-1]["tau_B8_chat"] + a[1]["log"][-1]["tau_B8_code"])
+    end = best[1]["log"][-1]
+    out += ["", f"Highest tau at B = 8 (chat + code) at the end: **{best[0]}** (chat {end['tau_B8_chat']:.2f}, code "
+            f"{end['tau_B8_code']:.2f}).", ""]
+    return "\n".join(out)
 
 
 def indented(printed: str) -> str:
@@ -259,10 +333,16 @@ def smollm2_headline(res: Path) -> str:
         return "(SmolLM2 not measured yet)"
     check = json.loads((d / "check.json").read_text())
     log = json.loads((ROOT / "recguide_hf" / "bundled" / "smollm2" / "draft_lora" / "distill_log.json").read_text())
-    taus = ", ".join(f"{name} {t['tau_B8']:.2f}" for name, t in check["shipped_adapter_taus"].items())
     parts = [f"**On SmolLM2-135M-Instruct**, a real instruct model (`recguide fetch smollm2`; its drafting LoRA "
-             f"trained here by `recguide distill` for {log['cpu_seconds'] / 3600:.1f} CPU core-hours): held-out tau at "
-             f"B = 8 {taus}"]
+             f"trained here by `recguide distill`, {log['cpu_seconds'] / 3600:.1f} CPU core-hours in its last run)"]
+    if (d / "engine_tau.json").exists():
+        sets = json.loads((d / "engine_tau.json").read_text())["sets"]
+        by_set: dict[str, list[str]] = {}
+        for key, r in sets.items():
+            name, length = key.rsplit("_", 1)
+            by_set.setdefault(name, []).append(f"{r['tau_B8']:.2f} ({length} tokens)")
+        parts[0] += (": tau at B = 8 as decoding sees it (LinearSS on held-out prompts) "
+                     + ", ".join(f"{name} {' / '.join(v)}" for name, v in by_set.items()))
     lossless = all(r["equal_to_hf_greedy"] for r in check["generate"].values())
     if (d / "cpu" / "bench.json").exists():
         bench = json.loads((d / "cpu" / "bench.json").read_text())
@@ -272,10 +352,11 @@ def smollm2_headline(res: Path) -> str:
             by_c.setdefault(r["concurrency"], []).append(r)
         cells = []
         for c in sorted(by_c):
-            a = against_fastest_other(by_c[c], "recguide", None)
+            a = against_fastest_other(by_c[c], "recguide", None, settings=True)
             if a is not None:
                 cells.append(f"C = {c} x{a['ratio']:.2f} ({a['best']['method']})")
-        parts.append(f"on this CPU ({bench['environment']['hardware']}) RecGuide against the fastest other method: "
+        parts.append(f"on this CPU ({bench['environment']['hardware']}) RecGuide against the fastest non-RecGuide "
+                     "method: "
                      + ", ".join(cells))
     if (d / "b200" / "bench.json").exists():
         bench = json.loads((d / "b200" / "bench.json").read_text())
@@ -291,7 +372,8 @@ def smollm2_headline(res: Path) -> str:
         parts.append("under the B200 cost table (a simulation) against the best fixed block (plain AR included): "
                      + ", ".join(cells))
     return "; ".join(parts) + f". Every output equalled the base's HF greedy: {'yes' if lossless else 'NO'}. " \
-        "[A real model](docs/distill.md) has the tau curve, every table and the commands."
+        "[A real model](docs/distill.md) has acceptance as decoding sees it, the recipe's A/B arms, every table and " \
+        "the commands."
 
 
 def ceiling_summary(path: Path) -> dict | None:
@@ -328,7 +410,9 @@ def speed_sentence(bench: dict) -> str:
     cs = sorted(c for m, c in by if m == "recguide" and ("ar", c) in by)
     ratio = {c: by[("recguide", c)]["aggregate_tps"] / by[("ar", c)]["aggregate_tps"] for c in cs}
     # the fastest other method at each C: what a user could have picked instead
-    best = {p["c"]: (p["best"], p["ratio"]) for p in against_best_other(bench["rows"]) if p["c"] in cs}
+    # the fastest other method at each C, against RecGuide's fastest setting there (a compiled RecGuide is RecGuide)
+    best = {p["c"]: (p["best"], p["ratio"], p["ours"]) for p in against_best_other(bench["rows"], settings=True)
+            if p["c"] in cs}
     from recguide_hf.tools.bench import HF_AR, parse_method
 
     hf = {}  # HF's fastest autoregressive path at each C (plain, static cache, compiled, continuous batching)
@@ -518,10 +602,11 @@ HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
 
 
 def headline(bench: dict) -> str:
-    """README's one table and one plot: recguide against the fastest other method of the latest bench, per C."""
+    """README's one table and one plot: RecGuide's fastest setting against the fastest non-RecGuide method of the
+    latest bench, per C."""
     from recguide_hf.tools.bench import fastest_other_table
 
-    table, _ = fastest_other_table(bench)
+    table, _ = fastest_other_table(bench, label="fastest non-RecGuide method", settings=True)
     return render("headline.md", env=bench["environment"], table=Raw(table))
 
 

@@ -618,14 +618,23 @@ def _listed(ratios: list[float]) -> str:
 
 
 def against_fastest_other(rows: list[dict], method: str = "recguide",
-                          peers: tuple[str, ...] | None = None) -> dict | None:
+                          peers: tuple[str, ...] | None = None, settings: bool = False) -> dict | None:
     """Of one concurrency's rows: `method`'s row against the fastest OTHER method there (`peers`: only methods of these
-    bases), or None where either is missing. `best`, `ratio`: by the run's median aggregate tokens/s; `paired`: the
+    bases), or None where either is missing. With `settings`, `ours` is the fastest of `method`'s own settings
+    (`recguide`, `recguide:compile=true`, ...: one method, set up as a user may) and the others are the methods of
+    other bases. `best`, `ratio`: by the run's median aggregate tokens/s; `paired`: the
     ratios within each repeat (empty without per-repeat figures); `best_top`, `ratio_top`: by each method's best
     repeat; `best_priced`, `priced`: the fastest other engine method at table prices (`summarize`) and the ratio
     there (None where the run has no table prices). `fastest_other_table` and the docs (eval/update_readme.py)
     both read it."""
-    ours = next((r for r in rows if r["method"] == method), None)
+    base = parse_method(method)[0]
+    if settings:
+        mine = [r for r in rows if parse_method(r["method"])[0] == base]
+        ours = max(mine, key=lambda r: r["aggregate_tps"]) if mine else None
+        rows = [r for r in rows if r is ours or parse_method(r["method"])[0] != base]
+        method = ours["method"] if ours else method
+    else:
+        ours = next((r for r in rows if r["method"] == method), None)
     others = [r for r in rows if r["method"] != method and (peers is None or parse_method(r["method"])[0] in peers)]
     if ours is None or not others:
         return None
@@ -643,33 +652,40 @@ def against_fastest_other(rows: list[dict], method: str = "recguide",
 
 
 def fastest_other_table(result: dict, method: str = "recguide", peers: tuple[str, ...] | None = None,
-                        label: str = "fastest other method") -> tuple[str, float | None]:
+                        label: str = "fastest other method", settings: bool = False) -> tuple[str, float | None]:
     """Per C: `method` vs the fastest OTHER method in the run (AR and every peer included; `peers`: only methods of
-    these bases), aggregate tokens/s. A compiling peer's warm-up, left out of its timing, is shown beside it.
+    these bases), aggregate tokens/s; with `settings`, the fastest of `method`'s own settings against the fastest
+    method of another base (`against_fastest_other`), the setting named in its own column. A compiling method's
+    warm-up, left out of its timing, is shown beside it.
 
     Returns the Markdown table and the smallest ratio over C (None if `method` did not run)."""
     by_c: dict[int, list[dict]] = {}
     for r in result["rows"]:
         by_c.setdefault(r["concurrency"], []).append(r)
     priced = any("table_priced_tps" in r for r in result["rows"] if r["method"] == method)
-    lines = [f"| C | {label} | its tok/s | {method} tok/s | ratio | ratio in each repeat | "
-             + ("at table prices: fastest engine method | ratio | " if priced else "") + "= AR |",
-             "|---|---|---|---|---|---|" + ("---|---|" if priced else "") + "---|"]
+    lines = [f"| C | {label} | its tok/s | " + (f"{method} setting | " if settings else "") + f"{method} tok/s | ratio "
+             "| ratio in each repeat | " + ("at table prices: fastest engine method | ratio | " if priced else "")
+             + "= AR |", "|---|---|---|---|---|---|" + ("---|" if settings else "") + ("---|---|" if priced else "")
+             + "---|"]
     ratios = []
+
+    def named(row):
+        return row["method"] + (f" (warm-up {row['warmup_s']:.0f} s excluded)" if "warmup_s" in row else "")
+
     for c in sorted(by_c):
-        against = against_fastest_other(by_c[c], method, peers)
+        against = against_fastest_other(by_c[c], method, peers, settings)
         if against is None:
             continue
         ours, best = against["ours"], against["best"]
         ratios.append(against["ratio"])
         eq = "yes" if ours["equal_to_ar"] and best["equal_to_ar"] else "NO"
         paired = _listed(against["paired"])
-        name = best["method"] + (f" (warm-up {best['warmup_s']:.0f} s excluded)" if "warmup_s" in best else "")
         at_table = ""
         if priced:
             at_table = (f"{against['best_priced']['method']} | x{against['priced']:.3f} | "
                         if against["priced"] is not None else "- | - | ")
-        lines.append(f"| {c} | {name} | {best['aggregate_tps']:.1f} | {ours['aggregate_tps']:.1f} | "
+        setting = f"{named(ours)} | " if settings else ""
+        lines.append(f"| {c} | {named(best)} | {best['aggregate_tps']:.1f} | {setting}{ours['aggregate_tps']:.1f} | "
                      f"x{against['ratio']:.2f} | {paired or '-'} | {at_table}{eq} |")
     return "\n".join(lines), (min(ratios) if ratios else None)
 

@@ -8,12 +8,12 @@ the continuation branch's shape), anchored inside the continuation, attend to th
 bidirectionally to themselves; the LoRA is on for the block tokens only (as the engine routes it).
 
 Loss per target: CE to the verifier's argmax + `kl_weight` x KL(verifier || student), MASK excluded, weighted
-exp(-(k-1)/`decay`) by the target's place k in the block (acceptance is a prefix: k pays only when 1..k-1 did).
+exp(-(k-1)/`decay`) by the target's place k in the block (acceptance is a prefix: k pays only when 1..k-1 did),
+or by the drafter's own confidence (`confidence_weights`, D-PACE).
 
-Progress is measured the way acceptance is: on held-out rows the verifier's greedy continuation is the draft's
-target, and a block at anchor t accepts the leading run of positions where the student's argmax equals it; that run
-is exactly what LinearSS would accept starting there, so `tau(B) = 1 + E[min(run, B - 1)]` is measured without
-running the decoding loop (`recguide bench` measures the real thing).
+Progress is measured by decoding: `measure.engine_taus` runs LinearSS through the engine on held-out prompts (and as
+many training prompts) and counts tokens per round; the draft forward trained here is the engine's own layout
+(`block_layout` + `seed_layout` + the adapter's routing; tests/test_distill.py compares the two forwards).
 
 `recguide distill` (make.py) and the bundled model's scripts (training/distill.py, training/train.py) share this
 module: one copy of the loss, the block sampler, the student and the loop.
@@ -310,7 +310,9 @@ def linear_names(model) -> list[str]:
 
 @torch.no_grad()
 def heldout_taus(student, verifier, x, lo, valid, blocks=(4, 8, 16), stride: int = 4, chunk: int = 4) -> dict:
-    """tau(B) on held-out teacher rows x [N, L] (prompt lengths `lo`, row lengths `valid`, both [N]): the mean over
+    """The accepted-run ESTIMATE `recguide distill` logged before it measured by decoding (`measure.engine_taus`),
+    kept to show how far it reads from decoding (eval/engine_tau.py; `measure` explains why it reads high).
+    tau(B) on held-out teacher rows x [N, L] (prompt lengths `lo`, row lengths `valid`, both [N]): the mean over
     every `stride`-th anchor t of each row's continuation with a whole max(B)-block inside it of 1 + min(run, B - 1),
     and `accept`: the share of anchors whose run reaches k, k = 1..8."""
     big = max(blocks)
