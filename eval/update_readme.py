@@ -95,7 +95,8 @@ def portable(text: str) -> str:
     relative to it, a known model's folder (wherever that machine's cache was) as `$(recguide fetch NAME)`."""
     from recguide_hf.models.known import KNOWN_MODELS
 
-    text = text.replace(f"{ROOT}/", "")
+    text = text.replace(f"{ROOT}/", "")  # this checkout; and any other checkout's (the run's machine may differ)
+    text = re.sub(r"(?<![\w.~])/[\w./-]*?/(eval|recguide_hf|docs|training|tests)/", r"\1/", text)
     for name in KNOWN_MODELS:
         text = re.sub(rf"(?<![\w.~])/[\w./-]*/{name}(?![\w-])", f"$(recguide fetch {name})", text)
     return text
