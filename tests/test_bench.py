@@ -52,6 +52,10 @@ def test_method_overrides_and_adaptive_table():
     cfg = _engine_config("recguide:rho=0.5,max_corrections=1", gc)
     assert (cfg.rho, cfg.max_corrections, cfg.block_sizes, cfg.cost_table) == (0.5, 1, (8, 32), "c.json")
     assert cfg.block_size == "auto" and cfg.mode == "recguide"
+    verifier = GenerationConfig(recguide_first_draft="verifier")  # a folder trained on that layout drafts with it
+    assert [_engine_config(m, verifier).first_draft for m in ("linear-8", "recguide", "recguide:rho=1")] == [
+        "verifier"] * 3
+    assert _engine_config("linear-8", GenerationConfig()).first_draft == "mask"
 
     def row(m, c, tps, eq=True):
         return {"method": m, "concurrency": c, "aggregate_tps": tps, "equal_to_ar": eq, "block_mix": {"8": 1.0}}

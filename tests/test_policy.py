@@ -825,3 +825,26 @@ def test_generate_plans_its_batch_as_one_and_a_server_does_not(model):
     assert not engine.policy.whole_batch
     engine.serve(prompts, slots=2)  # both prompts admitted at once: one static batch from the first step
     assert engine.policy.whole_batch
+
+
+@pytest.mark.parametrize("first_draft", ["mask", "verifier"])
+def test_the_value_table_is_calibrated_with_the_folders_draft_layout(model, monkeypatch, first_draft):
+    """`calibrate_table` (and so `recguide distill`'s tables step) drafts as the folder will decode: with its
+    `recguide_first_draft`, whose acceptance differs (a verifier-made d_1 is always accepted at greedy)."""
+    from recguide_hf.tools import profile
+
+    seen = []
+
+    class Recording(profile.Engine):
+        def __init__(self, backbone, config, *args, **kwargs):
+            seen.append(config.first_draft)
+            super().__init__(backbone, config, *args, **kwargs)
+
+    monkeypatch.setattr(profile, "Engine", Recording)
+    model.generation_config.recguide_first_draft = first_draft
+    try:
+        table = profile.calibrate_table(model, {"s": random_prompts(3, 96, min_len=2, max_len=9, seed=8)},
+                                        block_sizes=(1, 4), max_new_tokens=8, pad_token_id=PAD)
+    finally:
+        del model.generation_config.recguide_first_draft
+    assert seen == [first_draft] and table

@@ -125,11 +125,13 @@ def _order_key(method: str):
 
 def _engine_config(method: str, gen_config) -> DecodingConfig:
     base_name, overrides = parse_method(method)
+    base = DecodingConfig.from_sources(gen_config)  # the folder's own draft layout holds for every method
     if base_name == "linear":
-        return DecodingConfig(mode="linear", block_size=int(overrides["recguide_block_size"]))
-    base = DecodingConfig.from_sources(gen_config)
+        return DecodingConfig(mode="linear", block_size=int(overrides["recguide_block_size"]),
+                              first_draft=base.first_draft)
     config = DecodingConfig(mode="recguide", block_size="auto", block_sizes=base.block_sizes,
-                            cost_table=base.cost_table, value_table=base.value_table, rho=base.rho)
+                            cost_table=base.cost_table, value_table=base.value_table, rho=base.rho,
+                            first_draft=base.first_draft)
     if not overrides:
         return config
     settings = {f"recguide_{f.name}": getattr(config, f.name) for f in dataclasses.fields(config)}

@@ -182,7 +182,8 @@ def profile_costs(model, concurrencies=(1, 2, 4, 8, 16, 32, 64), block_sizes=BLO
 def calibrate_table(model, sets: dict[str, list[list[int]]], block_sizes=BLOCK_SIZES, max_new_tokens: int = 128,
                     batch: int = 16, bins: int = 6, signal: str = "entropy", pad_token_id: int | None = None) -> dict:
     """The value table V_B(s, z) (`core.calibrate.fit`) from one LinearSS run at the largest block size over prompt
-    sets (name -> prompts as token ids; batches left-padded): every round's accepted drafts and verifier entropy."""
+    sets (name -> prompts as token ids; batches left-padded): every round's accepted drafts and verifier entropy,
+    drafted with the model's own `recguide_first_draft`."""
     from tqdm import tqdm
 
     from ..core.calibrate import Round, fit
@@ -192,11 +193,12 @@ def calibrate_table(model, sets: dict[str, list[list[int]]], block_sizes=BLOCK_S
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
     pad = pad_token_id if pad_token_id is not None else eos_ids[0]
     backbone = as_backbone(model)
+    first_draft = DecodingConfig.from_sources(model.generation_config).first_draft  # the folder's draft layout
     rounds: list[Round] = []
     for name, prompts in sets.items():
         for i in tqdm(range(0, len(prompts), batch), desc=f"calibrate {name}"):
             ids, attn = left_pad(prompts[i:i + batch], pad)
-            engine = Engine(backbone, DecodingConfig(mode="linear", block_size=block),
+            engine = Engine(backbone, DecodingConfig(mode="linear", block_size=block, first_draft=first_draft),
                             SamplingSettings(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad))
             _, stats = engine.generate(ids.to(backbone.device), attn.to(backbone.device), log_rounds=True)
             t = {}
