@@ -32,18 +32,17 @@ recguide fetch smollm2
 # 3. acceptance as decoding sees it (held-out chat and code, 64 and 256 new tokens), and the prompt
 python eval/engine_tau.py --prompts 16 --out "$OUT/engine_tau.json"
 python eval/smollm2_check.py --out "$OUT/check.json"
-# 4. CPU closed loop and static batches against HF's fast paths (held-out prompts: HumanEval + prose)
-recguide bench --model smollm2 --methods ar ar-static ar-compile linear-1 linear-4 linear-8 recguide --concurrency 1 16 \
-    --max-new-tokens 64 --repeats 2 --min-prompts 8 --out "$OUT/cpu"
-# 5. the B200 simulation, closed loop (C = 1 left out for time: its references and sequential runs of 7 methods
-#    take over 20 CPU-minutes on this CPU)
+# 4. the bursty open loop under the B200 cost table (the trace the bundled model was measured on; ~30 CPU-minutes)
+recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --arrivals bursty:8,64,8 \
+    --methods linear-1 linear-4 linear-8 linear-16 recguide:block_sizes=1,2,4,8,16,32 --out "$OUT/b200_open"
+# 5. the B200 simulation, closed loop (C = 1: one request at a time, where branches can pay)
 # (recguide over the block sizes the value table was calibrated on; linear-32 left out: slow here, never the best)
-recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --concurrency 4 32 --max-new-tokens 48 \
+recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --concurrency 1 4 32 --max-new-tokens 48 \
     --methods ar linear-4 linear-8 linear-16 recguide:block_sizes=1,2,4,8,16,32 \
     --repeats 1 --min-prompts 8 --prompts-per-slot 1 --out "$OUT/b200"
 # 6. lm-eval's local tasks: recguide responses = AR responses, and the score against the bundled model's
 python eval/lm_eval_parity.py --model "$(recguide fetch smollm2)" --limit 16 --json "$OUT/lm_eval_parity.json"
 python eval/lm_eval_parity.py --model recguide_hf/bundled/recguide-tiny --limit 16 --json "$OUT/lm_eval_bundled.json"
-# 7. the bursty open loop under the B200 cost table (the trace the bundled model was measured on; ~30 CPU-minutes)
-recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --arrivals bursty:8,64,8 \
-    --methods linear-1 linear-4 linear-8 linear-16 recguide:block_sizes=1,2,4,8,16,32 --out "$OUT/b200_open"
+# 7. CPU closed loop and static batches against HF's fast paths (held-out prompts: HumanEval + prose)
+recguide bench --model smollm2 --methods ar ar-static ar-compile linear-1 linear-4 linear-8 recguide --concurrency 1 16 \
+    --max-new-tokens 64 --repeats 2 --min-prompts 8 --out "$OUT/cpu"

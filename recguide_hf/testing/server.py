@@ -52,11 +52,17 @@ def start_server(args: list[str], timeout: float = 180, env: dict | None = None,
     it and its base URL once `/health` answers 200 (and, with `ready_text`, once the server printed it: Ray's proxy
     answers before every replica is up). Raises RuntimeError, with the end of the server's output, if it exits or
     is not ready within `timeout` seconds."""
+    port = free_port()
+    return wait_ready(Server([sys.executable, "-m", "recguide_hf", "serve", *args, "--port", str(port)], env),
+                      f"http://127.0.0.1:{port}", timeout, ready_text)
+
+
+def wait_ready(proc: Server, base: str, timeout: float = 180, ready_text: str | None = None) -> tuple[Server, str]:
+    """`proc` (any OpenAI-compatible server started as a `Server` on `base`, e.g. `vllm serve` in
+    eval/vllm_peer.py) and `base` once its `/health` answers 200 (and it printed `ready_text`, if given);
+    RuntimeError with the end of its output if it exits or is not ready within `timeout` seconds."""
     import httpx
 
-    port = free_port()
-    proc = Server([sys.executable, "-m", "recguide_hf", "serve", *args, "--port", str(port)], env)
-    base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

