@@ -194,11 +194,8 @@ def ray_results(res: Path) -> str:
 def smollm2_results(res: Path) -> str:
     """SmolLM2-135M-Instruct's measurements (eval/smollm2_session.sh, results in smollm2/): the tau curve, the shipped
     adapter and the issue's prompt, the CPU bench against HF's fast paths, the B200 simulation (closed and open
-    loop) and lm-eval's local tasks, each with the command that made it."""
-    from lm_eval_parity import table as parity_table
-
-    from recguide_hf.tools.openloop import markdown_open, verdict
-
+    loop) and lm-eval's local tasks, each with the command that made it; in previous/ (with its README.md saying
+    which adapter), what was measured on the adapter shipped before and not re-measured on this one."""
     d = res / "smollm2"
     if not (d / "check.json").exists():
         return "(SmolLM2 not measured yet: bash eval/smollm2_session.sh WORK)"
@@ -208,11 +205,26 @@ def smollm2_results(res: Path) -> str:
     out += ["### As shipped", "", f"`{rg['command']}` printed (equal to the base's HF greedy output: "
             f"{'yes' if all(r['equal_to_hf_greedy'] for r in check['generate'].values()) else 'NO'}):", "",
             indented(rg["printed"]), ""]
+    out += measured_sections(d)
+    if (d / "previous").is_dir():  # measured on the adapter shipped before this one, not re-measured yet
+        out += ["### Not re-measured yet: the adapter shipped before", "",
+                (d / "previous" / "README.md").read_text().strip(), "", *measured_sections(d / "previous", 4)]
+    return portable("\n".join(out).rstrip())
+
+
+def measured_sections(d: Path, level: int = 3) -> list[str]:
+    """The speed and parity sections of one SmolLM2 results folder (cpu/, b200/, b200_open/, lm_eval_*.json): the
+    CPU bench against HF's fast paths, the B200 simulation (closed and open loop) and lm-eval's local tasks."""
+    from lm_eval_parity import table as parity_table
+
+    from recguide_hf.tools.openloop import markdown_open, verdict
+
+    out: list[str] = []
     for name, title in (("cpu", "CPU closed loop against HF's fast paths"),
                         ("b200", "Closed loop under the B200 cost table (a simulation: this model's acceptance, "
                                  "NLD-8B's prices)")):
         if (d / name / "bench.md").exists():
-            out += [f"### {title}", "", (d / name / "bench.md").read_text().strip(), ""]
+            out += [f"{'#' * level} {title}", "", (d / name / "bench.md").read_text().strip(), ""]
             if name == "cpu":
                 from recguide_hf.tools.bench import fastest_other_table
 
@@ -220,13 +232,13 @@ def smollm2_results(res: Path) -> str:
                 out += ["RecGuide against the fastest other method of the run at each C:", "", table, ""]
     if (d / "b200_open" / "open_loop.json").exists():
         run = json.loads((d / "b200_open" / "open_loop.json").read_text())
-        out += ["### Bursty open loop under the B200 cost table (a simulation)", "",
+        out += [f"{'#' * level} Bursty open loop under the B200 cost table (a simulation)", "",
                 f"Command: `{run['environment']['command']}`", "", markdown_open(run["rows"]), "",
                 verdict(run["rows"]) or "", ""]
     if (d / "lm_eval_parity.json").exists():
         report = json.loads((d / "lm_eval_parity.json").read_text())
         mode = next(m for m in report["gen_kwargs"] if m != "ar")
-        out += ["### lm-eval's local tasks", "", f"Command: `python eval/{report['command']}`", "",
+        out += [f"{'#' * level} lm-eval's local tasks", "", f"Command: `python eval/{report['command']}`", "",
                 parity_table(report, mode), ""]
         if (d / "lm_eval_bundled.json").exists():
             bundled = json.loads((d / "lm_eval_bundled.json").read_text())
@@ -237,7 +249,7 @@ def smollm2_results(res: Path) -> str:
                 out.append(f"| {task} | {m['exact_match']:.3f} / {m['edit_similarity']:.3f} | "
                            f"{b['exact_match']:.3f} / {b['edit_similarity']:.3f} |")
             out.append("")
-    return portable("\n".join(out).rstrip())
+    return out
 
 
 def engine_tau_section(d: Path) -> str:
@@ -335,7 +347,8 @@ def smollm2_headline(res: Path) -> str:
     check = json.loads((d / "check.json").read_text())
     log = json.loads((ROOT / "recguide_hf" / "bundled" / "smollm2" / "draft_lora" / "distill_log.json").read_text())
     parts = [f"**On SmolLM2-135M-Instruct**, a real instruct model (`recguide fetch smollm2`; its drafting LoRA "
-             f"trained here by `recguide distill`, {log['cpu_seconds'] / 3600:.1f} CPU core-hours in its last run)"]
+             f"trained here by `recguide distill`, {log['cpu_seconds'] / 3600:.1f} CPU core-hours in its last run"
+             + (", which continued an earlier adapter: the card says how)" if log["args"].get("init") else ")")]
     if (d / "engine_tau.json").exists():
         sets = json.loads((d / "engine_tau.json").read_text())["sets"]
         by_set: dict[str, list[str]] = {}

@@ -130,9 +130,10 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     d.add_argument("--weights", choices=["decay", "confidence"], default="decay",
                    help="loss weights along the block: exp(-(k-1)/decay), or D-PACE's from the drafter's own "
                         "confidence (loop.confidence_weights)")
-    d.add_argument("--first-draft", choices=["mask", "verifier"], default="mask",
+    d.add_argument("--first-draft", choices=["mask", "verifier"], default="verifier",
                    help="where d_1 comes from (recguide_first_draft, written into the folder's generation config): "
-                        "the first mask, or the seed's own causal next-token logits with the base weights")
+                        "the seed's own causal next-token logits with the base weights (default: it won the "
+                        "equal-budget A/B on SmolLM2, docs/distill.md), or the first mask")
     d.add_argument("--eval-minutes", type=float, default=10)
     d.add_argument("--ckpt-minutes", type=float, default=5)
     e = p.add_argument_group("tables and export")
