@@ -114,6 +114,44 @@ def one_request(client, name: str, prompt: str, max_tokens: int, streaming: bool
     return rec
 
 
+def warm_up(client, name: str, prompts: list[str], count: int, max_tokens: int):
+    """`count` requests at once (every row busy once: the batch's widest forwards), half streaming."""
+    warm = [threading.Thread(target=one_request, args=(client, name, prompts[k % len(prompts)], max_tokens,
+                                                       k % 2 == 0)) for k in range(count)]
+    for t in warm:
+        t.start()
+    for t in warm:
+        t.join(timeout=600)
+
+
+def closed_loop(client, name: str, prompts: list[str], clients: int, seconds: float, max_tokens: int, seed: int,
+                timeout: float, stream_share: float = 0.5, timer: threading.Timer | None = None):
+    """`clients` threads for `seconds`: client k draws a prompt and streaming-or-not from its own seeded stream,
+    request after request (`timer`, if given, starts with them). Returns (records, seconds the load took,
+    clients still open: waited for up to the client `timeout`)."""
+    records, lock = [], threading.Lock()
+    start = time.monotonic()
+    end = start + seconds
+
+    def worker(k: int):
+        rng = random.Random(seed * 1000 + k)
+        while time.monotonic() < end:
+            i, streaming = rng.randrange(len(prompts)), rng.random() < stream_share
+            rec = one_request(client, name, prompts[i], max_tokens, streaming)
+            rec["prompt"] = i
+            with lock:
+                records.append(rec)
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    if timer:
+        timer.start()
+    for t in threads:
+        t.join(timeout=max(0.0, end - time.monotonic()) + timeout + 30)
+    return records, time.monotonic() - start, sum(t.is_alive() for t in threads)
+
+
 def leave_mid_stream(base: str, name: str, want: int) -> dict:
     """A client reads one chunk of a long stream and leaves: the replica that served it counts a cancelled
     request and its running rows drop back (bounded wait)."""
@@ -184,45 +222,22 @@ def main(argv=None):
     want = args.replicas or (int(args.autoscale.split(":")[0]) if args.autoscale else 1)
     # warm-up: every row of every replica busy once (the batch's widest forwards), so "before" is the memory of a
     # server that has seen full load, and a growth after the load is what the load left behind
-    warm = [threading.Thread(target=one_request, args=(client, name, prompts[k % len(prompts)], args.max_tokens,
-                                                       k % 2 == 0)) for k in range(args.slots * want)]
-    for t in warm:
-        t.start()
-    for t in warm:
-        t.join(timeout=600)
+    warm_up(client, name, prompts, args.slots * want, args.max_tokens)
     pids = ({rid: pid for rid, (_, pid) in replicas(base, want).items()} if ray else {None: proc.pid})
     rss_before = rss_mb(pids.values())
-    records, lock = [], threading.Lock()
     load_start = time.monotonic()
-    end = load_start + args.seconds
     killed: dict = {}
-
-    def worker(k: int):
-        rng = random.Random(args.seed * 1000 + k)
-        while time.monotonic() < end:
-            i, streaming = rng.randrange(len(prompts)), rng.random() < 0.5
-            rec = one_request(client, name, prompts[i], args.max_tokens, streaming)
-            rec["prompt"] = i
-            with lock:
-                records.append(rec)
 
     def kill():
         rid, _, pid = scrape(base)
         killed.update(replica=rid, pid=pid, at_s=time.monotonic() - load_start, clock=time.strftime("%H:%M:%S"))
         os.kill(pid, signal.SIGKILL)
 
-    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(args.clients)]
     timer = threading.Timer(args.kill_replica_at, kill) if args.kill_replica_at is not None else None
     print(time.strftime("%H:%M:%S") + f" load: {args.clients} clients for {args.seconds:.0f} s", flush=True)
     load_clock = time.strftime("%H:%M:%S")
-    for t in threads:
-        t.start()
-    if timer:
-        timer.start()
-    for t in threads:
-        t.join(timeout=max(0.0, end - time.monotonic()) + args.timeout + 30)
-    still_open = sum(t.is_alive() for t in threads)
-    load_seconds = time.monotonic() - load_start
+    records, load_seconds, still_open = closed_loop(client, name, prompts, args.clients, args.seconds,
+                                                    args.max_tokens, args.seed, args.timeout, timer=timer)
     end_clock = time.strftime("%H:%M:%S")
     print(end_clock + " load over", flush=True)
     alive = [p for p in pids.values() if psutil.pid_exists(p)]

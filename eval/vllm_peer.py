@@ -28,16 +28,14 @@ import argparse
 import collections
 import json
 import os
-import random
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import openai
 import psutil
-from serve_load import one_request, percentile
+from serve_load import closed_loop, percentile, warm_up
 
 from recguide_hf.models.known import resolve
 from recguide_hf.testing.server import Server, free_port, start_server, stop_server, wait_ready
@@ -85,41 +83,15 @@ def tree_rss_mb(pid: int) -> float:
     return total / 2**20
 
 
-def closed_loop(client, name: str, prompts: list[str], args) -> tuple[list[dict], float]:
-    records, lock = [], threading.Lock()
-    start = time.monotonic()
-    end = start + args.seconds
-
-    def worker(k: int):
-        rng = random.Random(args.seed * 1000 + k)
-        while time.monotonic() < end:
-            i, streaming = rng.randrange(len(prompts)), rng.random() < args.stream_share
-            rec = one_request(client, name, prompts[i], args.max_tokens, streaming)
-            rec["prompt"] = i
-            with lock:
-                records.append(rec)
-
-    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=args.seconds + args.timeout + 30)
-    return records, time.monotonic() - start
-
-
 def run_server(kind: str, args, model: Path, prompts: list[str]) -> dict:
     name = model.name
     proc, base, startup = start(kind, args, model, name)
     print(f"{kind}: up in {startup:.0f} s", flush=True)
     try:
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=args.timeout, max_retries=0)
-        warm = [threading.Thread(target=one_request, args=(client, name, prompts[k % len(prompts)], args.max_tokens,
-                                                           k % 2 == 0)) for k in range(args.clients)]
-        for t in warm:
-            t.start()
-        for t in warm:
-            t.join(timeout=600)
-        records, seconds = closed_loop(client, name, prompts, args)
+        warm_up(client, name, prompts, args.clients, args.max_tokens)
+        records, seconds, _ = closed_loop(client, name, prompts, args.clients, args.seconds, args.max_tokens,
+                                          args.seed, args.timeout, args.stream_share)
         rss = tree_rss_mb(proc.pid)
     finally:
         stop_server(proc, timeout=60)
