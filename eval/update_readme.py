@@ -42,6 +42,8 @@ BUNDLED = ROOT / "recguide_hf" / "bundled" / "recguide-tiny"
 
 SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
 RAY = ("<!-- ray:start -->", "<!-- ray:end -->")
+VLLM = ("<!-- vllm:start -->", "<!-- vllm:end -->")
+VLLM_HEADLINE = ("<!-- vllm-headline:start -->", "<!-- vllm-headline:end -->")
 POLICY = ("<!-- policy:start -->", "<!-- policy:end -->")
 SMOLLM2 = ("<!-- smollm2:start -->", "<!-- smollm2:end -->")
 SMOLLM2_HEADLINE = ("<!-- smollm2-headline:start -->", "<!-- smollm2-headline:end -->")
@@ -189,6 +191,53 @@ def ray_results(res: Path) -> str:
                   if name in runs]
     return render("ray.md", load=runs.get("load"), throughput=throughput, kill=runs.get("kill"),
                   autoscale=runs.get("autoscale"), lm_eval=runs.get("lm_eval_endpoint"))
+
+
+def vllm_results(res: Path) -> str:
+    """`recguide serve` against vLLM, and vLLM with RecGuide's proposer (eval/vllm_peer.py, results in vllm/): one
+    table per run, each server's output tok/s against plain vLLM's in the same pass."""
+    runs = []
+    for path in sorted((res / "vllm").glob("*.json"), key=lambda p: (json.loads(p.read_text())["clients"], p.name)):
+        run = json.loads(path.read_text())
+        plain = {r["pass"]: r["tokens_per_s"] for r in run["rows"] if r["server"] == "vllm"}
+        for r in run["rows"]:
+            r["ratio"] = f"x{r['tokens_per_s'] / plain[r['pass']]:.2f}" if r["pass"] in plain else "-"
+            spec = r.get("spec") or {}
+            r["tau"] = f"{spec['tau']:.2f}" if spec.get("tau") else "-"
+            r.setdefault("equal_to_vllm_greedy", None)
+        runs.append(run)
+    if not runs:
+        return "(not measured yet: python eval/vllm_peer.py)"
+    return render("vllm.md", runs=runs)
+
+
+def vllm_headline(res: Path) -> str:
+    """README's line on vLLM: `recguide serve` against vLLM at one load (peer_c4.json), and vLLM with RecGuide's
+    proposer against plain vLLM at each load (plugin_c*.json): medians over passes of output tok/s."""
+    def medians(run):
+        by = {}
+        for r in run["rows"]:
+            by.setdefault(r["server"], []).append(r)
+        return {k: {"tok_s": statistics.median(r["tokens_per_s"] for r in v),
+                    "startup_s": statistics.median(r["startup_s"] for r in v),
+                    "rss_mb": statistics.median(r["rss_mb"] for r in v),
+                    "tau": statistics.median(r["spec"]["tau"] for r in v) if all(
+                        (r.get("spec") or {}).get("tau") for r in v) else None,
+                    "equal": all(r["equal_to_hf_greedy"] == r["finished"] for r in v)} for k, v in by.items()}
+
+    d = res / "vllm"
+    peer = d / "peer_c4.json"
+    if not peer.exists():
+        return "(vLLM not measured yet: python eval/vllm_peer.py)"
+    run = json.loads(peer.read_text())
+    plugin = []
+    for path in sorted(d.glob("plugin_c*.json"), key=lambda p: json.loads(p.read_text())["clients"]):
+        r = json.loads(path.read_text())
+        plugin.append({"clients": r["clients"], "m": medians(r),
+                       "vllm_equal": all(row.get("equal_to_vllm_greedy") and
+                                         row["equal_to_vllm_greedy"].split("/")[0] == row["equal_to_vllm_greedy"]
+                                         .split("/")[1] for row in r["rows"])})
+    return render("vllm_headline.md", run=run, m=medians(run), plugin=plugin)
 
 
 def smollm2_results(res: Path) -> str:
@@ -682,7 +731,9 @@ def blocks() -> list[tuple[tuple[str, str], str, str]]:
     out += [(ROUND, round_table(res), "\n"), (COMPILED_ROUND, compiled_round_table(res), "\n"),
                (SERVE, serve_table(res), "\n"), (BRANCHES, branch_table(res), "\n"),
                (("<!-- threads:start -->", "<!-- threads:end -->"), threads_note(res), ""),
-               (SERVING, serving_results(res), "\n"), (RAY, ray_results(res), "\n"), (POLICY, policy_table(res), "\n"),
+               (SERVING, serving_results(res), "\n"), (RAY, ray_results(res), "\n"), (VLLM, vllm_results(res), "\n"),
+               (VLLM_HEADLINE, vllm_headline(res), "\n"),
+               (POLICY, policy_table(res), "\n"),
                (SMOLLM2, smollm2_results(res), "\n"), (SMOLLM2_HEADLINE, smollm2_headline(res), "\n"),
                (SMOLLM2_RUN, smollm2_run(res), "\n")]
     return out

@@ -148,3 +148,15 @@ def test_plugin_names_what_vllm_loads():
     module, name = spec["model"].rsplit(".", 1)
     assert getattr(__import__(module, fromlist=[name]), name).__name__ == name
     assert set(ARCHITECTURES) == {cls.__name__ for cls in recguide_hf.models.modeling.SELF_SPECULATIVE.values()}
+
+
+def test_plain_steps_run_no_forward_of_the_drafters_own():
+    model = with_adapter(2)
+    drafter = ShadowDrafter(model, DecodingConfig(mode="ar"), slots=2, max_drafts=3, capacity=64)
+    calls = []
+    forward = drafter.backbone.forward
+    drafter.backbone.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    prompts = random_prompts(2, model.config.vocab_size, min_len=3, max_len=8, seed=9)
+    for step in range(3):
+        assert drafter.step([np.array(p + [5] * step, dtype=np.int64) for p in prompts]) == [[], []]
+    assert calls == []  # B = 1: vLLM's own step is all there is

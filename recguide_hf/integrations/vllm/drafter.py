@@ -71,6 +71,7 @@ class ShadowDrafter:
         self.stats = [RequestStats() for _ in range(slots)]
         self._seed_at = [0] * slots  # where each row's last seed sat, and the block it was given
         self._blocks_given = [1] * slots
+        self._stepped = [False] * slots  # whether the row's request took a step here yet
         self.finished: list[RequestStats] = []  # rows freed since `take_finished`
         self.policy = None
         if config.mode == "recguide" and config.block_size == "auto":
@@ -94,9 +95,13 @@ class ShadowDrafter:
         drafts: list[list[int]] = [[] for _ in requests]
         if not live:
             return drafts
-        entropy = self._sync([(r, requests[i]) for i, r in live])
-        self._observe([(r, requests[i]) for i, r in live], entropy)
+        pairs = [(r, requests[i]) for i, r in live]
+        # rows that drafted last step: their cache up to the seed (and the verifier's entropy over what it verified)
+        entropy = self._sync([(r, t) for r, t in pairs if self.proposed[r]])
+        self._observe(pairs, entropy)
         blocks = self._blocks([r for _, r in live], [len(requests[i]) for i, _ in live])
+        # rows drafting now catch up to their seeds; a row on plain steps (B = 1) runs no forward here at all
+        self._sync([(r, t) for (r, t), b in zip(pairs, blocks) if b >= 2])
         for block in sorted(set(blocks)):
             if block < 2:
                 continue
@@ -106,6 +111,7 @@ class ShadowDrafter:
                 drafts[i] = d
         for (i, r), b in zip(live, blocks):
             self.proposed[r] = drafts[i]
+            self._stepped[r] = True
             if b < 2:
                 self.stats[r].plain += 1
         return drafts
@@ -124,17 +130,20 @@ class ShadowDrafter:
         order = sorted((i for i, t in enumerate(requests) if t is not None), key=lambda i: -len(requests[i]))
         for i in order:
             tokens = requests[i]
-            best, best_len = None, -1
+            best, best_len = None, 0  # a row holding nothing matches no request (it says whose it is by its tokens)
             for r, held in enumerate(self.committed):
                 n = held.shape[0]
-                if (self.in_use[r] and r not in taken and n < tokens.shape[0] and n > best_len
+                if (self.in_use[r] and r not in taken and best_len < n < tokens.shape[0]
                         and np.array_equal(held, tokens[:n])):
                     best, best_len = r, n
-            if best is None or best_len == 0:
+            if best is None:
                 free = [r for r in range(len(self.in_use)) if not self.in_use[r] and r not in taken]
-                if best is None and not free:
+                if not free:
+                    free = [r for r in range(len(self.in_use)) if r not in taken and not self.committed[r].shape[0]]
+                if not free:
                     raise RuntimeError(f"more requests than the drafter's {len(self.in_use)} rows")
-                best = best if best is not None else free[0]
+                best = free[0]
+                self.in_use[best] = False  # (re)started below
             rows[i] = best
             taken.add(best)
         for r in range(len(self.in_use)):
@@ -149,6 +158,7 @@ class ShadowDrafter:
         self.in_use[r] = True
         self.committed[r] = np.zeros(0, dtype=np.int64)
         self.proposed[r] = []
+        self._stepped[r] = False
         self.stats[r] = RequestStats()
         self.cache.reset_rows(torch.tensor([r]))
         if self.policy is not None:
@@ -211,6 +221,8 @@ class ShadowDrafter:
         for r, tokens in live:
             drafts = self.proposed[r]
             if not drafts:
+                if self._stepped[r]:  # a plain step (B = 1): nothing drafted, nothing to accept
+                    by_block.setdefault(1, []).append((r, 0, 0))
                 continue
             seed_at = self._seed_at[r]
             new = tokens[seed_at + 1:].tolist()
@@ -224,7 +236,7 @@ class ShadowDrafter:
             return
         for block, items in by_block.items():
             rows = torch.tensor([r for r, _, _ in items])
-            ent = torch.tensor([entropy.get(r, float("nan")) for r, _, _ in items]) if entropy else None
+            ent = torch.tensor([entropy.get(r, float("nan")) for r, _, _ in items]) if entropy and block > 1 else None
             self.policy.observe(RoundOutcome(rows, block, torch.tensor([a for _, a, _ in items]),
                                              torch.tensor([d for _, _, d in items]), ent))
 
