@@ -223,6 +223,7 @@ def vllm_headline(res: Path) -> str:
                     "rss_mb": statistics.median(r["rss_mb"] for r in v),
                     "tau": statistics.median(r["spec"]["tau"] for r in v) if all(
                         (r.get("spec") or {}).get("tau") for r in v) else None,
+                    "drafts": statistics.median((r.get("spec") or {}).get("num_drafts") or 0 for r in v),
                     "equal": all(r["equal_to_hf_greedy"] == r["finished"] for r in v)} for k, v in by.items()}
 
     d = res / "vllm"
@@ -233,7 +234,10 @@ def vllm_headline(res: Path) -> str:
     plugin = []
     for path in sorted(d.glob("plugin_c*.json"), key=lambda p: json.loads(p.read_text())["clients"]):
         r = json.loads(path.read_text())
-        plugin.append({"clients": r["clients"], "m": medians(r),
+        from vllm_peer import PLUGIN_BLOCK
+
+        block = r.get("plugin_block") or int((re.findall(r"--plugin-block (\d+)", r["command"]) or [PLUGIN_BLOCK])[0])
+        plugin.append({"clients": r["clients"], "m": medians(r), "block": block,
                        "vllm_equal": all(row.get("equal_to_vllm_greedy") and
                                          row["equal_to_vllm_greedy"].split("/")[0] == row["equal_to_vllm_greedy"]
                                          .split("/")[1] for row in r["rows"])})

