@@ -160,3 +160,55 @@ def test_plain_steps_run_no_forward_of_the_drafters_own():
     for step in range(3):
         assert drafter.step([np.array(p + [5] * step, dtype=np.int64) for p in prompts]) == [[], []]
     assert calls == []  # B = 1: vLLM's own step is all there is
+
+
+def arr(tokens):
+    return np.array(tokens, dtype=np.int64)
+
+
+def test_plain_steps_keep_their_row():
+    model = with_adapter(2)
+    drafter = ShadowDrafter(model, DecodingConfig(mode="ar"), slots=2, max_drafts=3, capacity=64)
+    prompt = random_prompts(1, model.config.vocab_size, min_len=1, max_len=1, seed=4)[0]  # one token
+    for step in range(3):
+        drafter.step([arr(prompt + [5] * step)])
+        assert drafter.take_finished() == []  # the same request: its row goes on
+    drafter.step([])
+    (done,) = drafter.take_finished()
+    assert done.plain == 3 and done.rounds == 0
+
+
+def test_a_request_leaving_frees_its_row_for_one_arriving_in_the_same_step():
+    model = with_adapter(3)
+    config = DecodingConfig(mode="linear", block_size=4, first_draft="verifier")
+    drafter = ShadowDrafter(model, config, slots=2, max_drafts=3, capacity=64)
+    a, b, c = random_prompts(3, model.config.vocab_size, min_len=4, max_len=8, seed=6)
+    drafter.step([arr(a), arr(b)])
+    assert all(len(d) == 3 for d in drafter.step([arr(b + [7]), arr(c)]))  # a left, c came: both rows busy again
+    assert len(drafter.take_finished()) == 1
+
+
+def test_a_follow_up_turn_keeps_the_cache_of_what_it_shares_as_a_new_request():
+    model = with_adapter(4)
+    config = DecodingConfig(mode="linear", block_size=4, first_draft="verifier")
+    drafter = ShadowDrafter(model, config, slots=1, max_drafts=3, capacity=64)
+    first = random_prompts(1, model.config.vocab_size, min_len=8, max_len=8, seed=8)[0]
+    drafter.step([arr(first)])
+    follow_up = first + [9, 10, 11, 12, 13, 14]  # more than one round past what the row saw: another request
+    drafts = drafter.step([arr(follow_up)])
+    assert len(drafter.take_finished()) == 1 and drafter.stats[0].rounds == 0  # the first request's stats closed
+    fresh = ShadowDrafter(model, config, slots=1, max_drafts=3, capacity=64)
+    assert drafts == fresh.step([arr(follow_up)])  # the kept cache drafts as a cold start does
+
+
+def test_rows_catching_up_past_the_cache_width_go_one_by_one():
+    model = with_adapter(5)
+    config = DecodingConfig(mode="linear", block_size=2, first_draft="verifier")
+    drafter = ShadowDrafter(model, config, slots=2, max_drafts=1, capacity=40)
+    long, short = random_prompts(2, model.config.vocab_size, min_len=10, max_len=10, seed=2)
+    long = long * 3  # 30 tokens
+    drafter.step([arr(long), arr(short)])
+    # both come back as follow-ups (more than a round on: new requests keeping their caches) in one step: 29 cached
+    # + 15 to catch up exceeds the 41 slots of one padded forward
+    assert [len(d) for d in drafter.step([arr(long + [5, 6, 7]), arr(short + [7] * 15)])] == [1, 1]
+    assert [c.shape[0] for c in drafter.committed] == [32, 24]

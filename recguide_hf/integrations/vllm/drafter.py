@@ -66,6 +66,7 @@ class ShadowDrafter:
         self.config, self.max_drafts, self.capacity = config, max_drafts, capacity
         self.cache = self.backbone.new_cache(slots, capacity + 1)  # + the seed of a block at the very end
         self.committed = [np.zeros(0, dtype=np.int64) for _ in range(slots)]  # the tokens each row's cache holds
+        self.seen = [np.zeros(0, dtype=np.int64) for _ in range(slots)]  # its request's tokens at its last step
         self.in_use = [False] * slots
         self.proposed: list[list[int]] = [[] for _ in range(slots)]  # the drafts each row got last step
         self.stats = [RequestStats() for _ in range(slots)]
@@ -96,9 +97,10 @@ class ShadowDrafter:
         if not live:
             return drafts
         pairs = [(r, requests[i]) for i, r in live]
+        accepted = {r: self._accepted(r, t) for r, t in pairs if self.proposed[r]}
         # rows that drafted last step: their cache up to the seed (and the verifier's entropy over what it verified)
-        entropy = self._sync([(r, t) for r, t in pairs if self.proposed[r]])
-        self._observe(pairs, entropy)
+        entropy = self._sync([(r, t) for r, t in pairs if r in accepted], windows=accepted)
+        self._observe(pairs, accepted, entropy)
         blocks = self._blocks([r for _, r in live], [len(requests[i]) for i, _ in live])
         # rows drafting now catch up to their seeds; a row on plain steps (B = 1) runs no forward here at all
         self._sync([(r, t) for (r, t), b in zip(pairs, blocks) if b >= 2])
@@ -111,6 +113,7 @@ class ShadowDrafter:
                 drafts[i] = d
         for (i, r), b in zip(live, blocks):
             self.proposed[r] = drafts[i]
+            self.seen[r] = requests[i]
             self._stepped[r] = True
             if b < 2:
                 self.stats[r].plain += 1
@@ -123,58 +126,63 @@ class ShadowDrafter:
 
     # ------------------------------------------------------------------ rows
     def _assign(self, requests: list[np.ndarray | None]) -> list[int | None]:
-        """The cache row of each request: the row in use whose tokens start the request's (the longest such), else
-        a free row; rows in use that no request matched are freed."""
+        """The cache row of each request. A row goes on with the request whose tokens extend the ones it saw last step
+        by at most one round (accepted drafts and the bonus token); rows no request goes on with are freed; a request
+        without a row takes the free row whose cache holds the longest start of its tokens (a follow-up turn reuses
+        what it can), as a new request."""
         rows: list[int | None] = [None] * len(requests)
         taken: set[int] = set()
-        order = sorted((i for i, t in enumerate(requests) if t is not None), key=lambda i: -len(requests[i]))
-        for i in order:
+        waiting = [i for i, t in enumerate(requests) if t is not None]
+        for i in sorted(waiting, key=lambda i: -len(requests[i])):
             tokens = requests[i]
-            best, best_len = None, 0  # a row holding nothing matches no request (it says whose it is by its tokens)
-            for r, held in enumerate(self.committed):
-                n = held.shape[0]
-                if (self.in_use[r] and r not in taken and best_len < n < tokens.shape[0]
-                        and np.array_equal(held, tokens[:n])):
-                    best, best_len = r, n
-            if best is None:
-                free = [r for r in range(len(self.in_use)) if not self.in_use[r] and r not in taken]
-                if not free:
-                    free = [r for r in range(len(self.in_use)) if r not in taken and not self.committed[r].shape[0]]
-                if not free:
-                    raise RuntimeError(f"more requests than the drafter's {len(self.in_use)} rows")
-                best = free[0]
-                self.in_use[best] = False  # (re)started below
-            rows[i] = best
-            taken.add(best)
+            for r, seen in enumerate(self.seen):
+                n = seen.shape[0]
+                if (self.in_use[r] and r not in taken and n < tokens.shape[0] <= n + self.max_drafts + 1
+                        and np.array_equal(seen, tokens[:n])):
+                    rows[i] = r
+                    taken.add(r)
+                    break
         for r in range(len(self.in_use)):
             if self.in_use[r] and r not in taken:
                 self._free(r)
-        for r in taken:
-            if not self.in_use[r]:
-                self._start(r)
+        for i in waiting:
+            if rows[i] is not None:
+                continue
+            tokens = requests[i]
+            free = [r for r in range(len(self.in_use)) if not self.in_use[r]]
+            if not free:
+                raise RuntimeError(f"more requests than the drafter's {len(self.in_use)} rows")
+            kept = {r: _common_prefix(self.committed[r], tokens[:-1]) for r in free}
+            r = max(free, key=kept.__getitem__)
+            self._start(r, kept[r])
+            rows[i] = r
         return rows
 
-    def _start(self, r: int):
+    def _start(self, r: int, keep: int = 0):
+        """Row r takes a new request; its cache keeps its first `keep` tokens (a start the request shares)."""
         self.in_use[r] = True
-        self.committed[r] = np.zeros(0, dtype=np.int64)
+        self.committed[r] = self.committed[r][:keep]
+        self.seen[r] = self.committed[r]
         self.proposed[r] = []
         self._stepped[r] = False
         self.stats[r] = RequestStats()
         self.cache.reset_rows(torch.tensor([r]))
+        self.cache.commit(torch.tensor([r]), torch.tensor([keep]))
         if self.policy is not None:
             self.policy.reset_rows(torch.tensor([r]))
 
     def _free(self, r: int):
+        """The row's request left; its cache stays, for a request that starts alike (`_assign`)."""
         self.finished.append(self.stats[r])
         self.in_use[r] = False
-        self.committed[r] = np.zeros(0, dtype=np.int64)
         self.proposed[r] = []
 
     # ------------------------------------------------------------------ the cache up to each seed
-    def _sync(self, live: list[tuple[int, np.ndarray]]) -> dict[int, float]:
+    def _sync(self, live: list[tuple[int, np.ndarray]], windows: dict[int, int] | None = None) -> dict[int, float]:
         """Encode each row's tokens after its cache up to (not including) the seed, causally, the drafting adapter
-        off; returns the mean verifier entropy over each row's verified places where the policy reads it."""
-        wants = self.policy is not None and self.policy.reads_entropy
+        off. With `windows` (row -> drafts accepted in its last round) and a policy that reads it: the mean verifier
+        entropy over each such row's verified places (its old seed and accepted drafts), as `verifier_entropy`."""
+        wants = windows is not None and self.policy is not None and self.policy.reads_entropy
         entropy: dict[int, float] = {}
         todo = []
         for r, tokens in live:
@@ -183,16 +191,19 @@ class ShadowDrafter:
                 raise AssertionError("a row's cache is not a prefix of its request")  # _assign matched it so
             if tokens.shape[0] - 1 > held:
                 todo.append((r, tokens[held:-1]))
-        fresh = [(r, t) for r, t in todo if self.committed[r].shape[0] == 0]
+        # rows catching up together share one forward, padded to the longest catch-up: a group must fit every row's
+        # cache and that width (else its rows go one by one); a prompt (nothing cached yet) goes alone
         going = [(r, t) for r, t in todo if self.committed[r].shape[0] > 0]
-        groups = [[item] for item in fresh] + ([going] if going else [])  # prompts one by one, rounds together
+        fits = bool(going) and (max(self.committed[r].shape[0] for r, _ in going) + max(t.shape[0] for _, t in going)
+                                <= self.cache.capacity)
+        together = {r for r, _ in going} if fits else set()
+        groups = [[(r, t)] for r, t in todo if r not in together] + ([going] if fits else [])
         for group in groups:
-            logits = self._causal(group, keep_logits=wants)
+            logits = self._causal(group, keep_logits=wants and any(r in windows for r, _ in group))
             for k, (r, new) in enumerate(group):
                 self.committed[r] = np.concatenate([self.committed[r], new])
-                if wants and self.proposed[r]:
-                    # the old seed and the accepted drafts: the verifier's distributions at the places verified
-                    n = min(new.shape[0], len(self.proposed[r]) + 1)
+                if logits is not None and r in windows:
+                    n = min(new.shape[0], windows[r] + 1)
                     scores = mask_out(logits[k, :n].float(), [self.mask_id])
                     logp = torch.log_softmax(scores, dim=-1)
                     entropy[r] = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
@@ -215,23 +226,28 @@ class ShadowDrafter:
         return logits if keep_logits else None
 
     # ------------------------------------------------------------------ outcomes and block sizes
-    def _observe(self, live: list[tuple[int, np.ndarray]], entropy: dict[int, float]):
-        """Each row's last round: its drafts against the tokens the verifier committed after the old seed."""
+    def _accepted(self, r: int, tokens: np.ndarray) -> int:
+        """Drafts of row r's last round the verifier accepted: the tokens after the old seed that equal them (the
+        last new token is the verifier's own, the bonus; vLLM may have verified fewer drafts than proposed)."""
+        drafts = self.proposed[r]
+        new = tokens[self._seed_at[r] + 1:].tolist()
+        n = 0
+        while n < min(len(drafts), len(new) - 1) and new[n] == drafts[n]:
+            n += 1
+        return n
+
+    def _observe(self, live: list[tuple[int, np.ndarray]], accepted: dict[int, int], entropy: dict[int, float]):
+        """Each row's last round as a `RoundOutcome` for the policy (plain steps too), and the request's stats."""
         by_block: dict[int, list[tuple[int, int, int]]] = {}
-        for r, tokens in live:
+        for r, _ in live:
             drafts = self.proposed[r]
             if not drafts:
                 if self._stepped[r]:  # a plain step (B = 1): nothing drafted, nothing to accept
                     by_block.setdefault(1, []).append((r, 0, 0))
                 continue
-            seed_at = self._seed_at[r]
-            new = tokens[seed_at + 1:].tolist()
-            accepted = 0
-            while accepted < min(len(drafts), len(new) - 1) and new[accepted] == drafts[accepted]:
-                accepted += 1
             s = self.stats[r]
-            s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + len(drafts), s.accepted + accepted
-            by_block.setdefault(self._blocks_given[r], []).append((r, accepted, len(drafts)))
+            s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + len(drafts), s.accepted + accepted[r]
+            by_block.setdefault(self._blocks_given[r], []).append((r, accepted[r], len(drafts)))
         if self.policy is None:
             return
         for block, items in by_block.items():
@@ -246,8 +262,8 @@ class ShadowDrafter:
             blocks = self.policy.plan(t, torch.zeros(len(self.in_use), dtype=torch.bool)).tolist()
         else:
             blocks = [self.fixed_block] * len(rows)
-        # never past the verifying engine's length: the seed and its drafts must fit
-        blocks = [max(1, min(b, self.capacity - n + 1)) for b, n in zip(blocks, lengths)]
+        # never past the verifying engine's length: vLLM schedules at most max_model_len - n - 1 drafts
+        blocks = [max(1, min(b, self.capacity - n)) for b, n in zip(blocks, lengths)]
         for r, b, n in zip(rows, blocks, lengths):
             self._seed_at[r], self._blocks_given[r] = n - 1, b
         return blocks
@@ -289,3 +305,9 @@ def _within(config: DecodingConfig, max_block: int, base_dir) -> DecodingConfig:
         candidates = costs.block_sizes if costs is not None else PAPER_BLOCK_SIZES
     kept = tuple(b for b in candidates if b <= max_block) or (1,)
     return dataclasses.replace(config, block_sizes=kept)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.shape[0], b.shape[0])
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
