@@ -234,10 +234,7 @@ def vllm_headline(res: Path) -> str:
     plugin = []
     for path in sorted(d.glob("plugin_c*.json"), key=lambda p: json.loads(p.read_text())["clients"]):
         r = json.loads(path.read_text())
-        from vllm_peer import PLUGIN_BLOCK
-
-        block = r.get("plugin_block") or int((re.findall(r"--plugin-block (\d+)", r["command"]) or [PLUGIN_BLOCK])[0])
-        plugin.append({"clients": r["clients"], "m": medians(r), "block": block,
+        plugin.append({"clients": r["clients"], "m": medians(r), "block": r["plugin_block"],
                        "vllm_equal": all(row.get("equal_to_vllm_greedy") and
                                          row["equal_to_vllm_greedy"].split("/")[0] == row["equal_to_vllm_greedy"]
                                          .split("/")[1] for row in r["rows"])})
