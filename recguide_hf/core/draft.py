@@ -10,12 +10,41 @@ from dataclasses import dataclass
 
 import torch
 
+from .masks import block_intra
+
 
 def mask_out(logits: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
     """Copy of logits [..., V] with the given tokens at -inf (MASK, and EOS where asked)."""
     logits = logits.clone()
     logits[..., token_ids] = float("-inf")
     return logits
+
+
+def draft_layout(seeds: torch.Tensor, width: torch.Tensor, q: int, mask_id: int, first_draft: str):
+    """One draft forward's inputs: `[seed, MASK x (q - 1)]` per row, each row's first `width[i]` tokens real.
+
+    Returns (ids [S, q], intra [S, q, q] bool, offsets [S, q], draft_mask): the block is bidirectional, padding past a
+    row's width invisible to its other tokens; with `first_draft="verifier"` the seed sees the prefix and itself only
+    and runs with the base weights (its logits are the verifier's next-token prediction, d_1), the drafting adapter
+    on the masks (draft_mask 1: columns 1..); with "mask" every token is a draft token (draft_mask 0)."""
+    num_rows, device = seeds.shape[0], seeds.device
+    ids = torch.full((num_rows, q), mask_id, dtype=torch.long, device=device)
+    ids[:, 0] = seeds
+    valid = torch.arange(q, device=device)[None, :] < width[:, None]  # [S, q]
+    intra = block_intra(num_rows, q, device) & valid[:, None, :]
+    offsets = torch.arange(q, device=device).expand(num_rows, -1)
+    if first_draft == "verifier":
+        intra[:, 0, 1:] = False  # `intra` is this function's own tensor (the `&` above made it)
+        return ids, intra, offsets, 1
+    return ids, intra, offsets, 0
+
+
+def draft_logits_of(logits: torch.Tensor, first_draft: str) -> torch.Tensor:
+    """The logits of d_1 .. d_{q-1} from a draft forward's `[S, q, V]` output (`draft_layout`): the seed's own and
+    the masks' after the first ("verifier"), or the masks' ("mask": a MASK at j predicts the token at j)."""
+    if first_draft == "verifier":
+        return torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
+    return logits[:, 1:]
 
 
 @dataclass

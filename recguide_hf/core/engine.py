@@ -33,9 +33,9 @@ from . import branches as br
 from .backbone import Backbone
 from .compiled import CompiledForward
 from .config import DecodingConfig
-from .draft import DraftBlock, make_draft, risky_positions
+from .draft import DraftBlock, draft_layout, draft_logits_of, make_draft, risky_positions
 from .hooks import NoStopping, VerifierScores
-from .masks import block_intra, build_mask, causal_intra, length_groups, positions
+from .masks import build_mask, causal_intra, length_groups, positions
 from .phases import Phases
 from .policy import BlockPolicy, RoundOutcome
 from .stats import Stats
@@ -469,21 +469,9 @@ class Engine:
             return draft
         sub, sub_eff = rows[need], eff[need]
         q = int(sub_eff.max())
-        ids = torch.full((sub.numel(), q), self.mask_id, dtype=torch.long, device=rows.device)
-        ids[:, 0] = seeds[need]
-        valid = torch.arange(q, device=rows.device)[None, :] < sub_eff[:, None]  # [S, q]
-        intra = block_intra(sub.numel(), q, rows.device) & valid[:, None, :]
-        offsets = torch.arange(q, device=rows.device).expand(sub.numel(), -1)
-        if self.config.first_draft == "verifier":
-            # the seed sees the prefix and itself only, with the base weights: its logits are the verifier's
-            # next-token prediction, d_1; the mask positions (drafting adapter on) draft d_2 .. from place 2
-            intra[:, 0, 1:] = False  # `intra` is this forward's own tensor (the `&` above made it)
-            logits = self._forward(sub, ids, offsets, intra, draft_mask=1)  # [S, q, V]; columns 1.. draft
-            draft_logits = torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
-        else:
-            # every token is a draft token (padding past a row's eff is invisible to the others, never committed)
-            logits = self._forward(sub, ids, offsets, intra, draft_mask=0)  # [S, q, V]
-            draft_logits = logits[:, 1:]
+        ids, intra, offsets, draft_mask = draft_layout(seeds[need], sub_eff, q, self.mask_id, self.config.first_draft)
+        logits = self._forward(sub, ids, offsets, intra, draft_mask=draft_mask)  # [S, q, V]
+        draft_logits = draft_logits_of(logits, self.config.first_draft)
         self.slots.stats.record_forward(sub, q)
         temperature = self.settings.draft_temperature if self.settings.do_sample else None
         fresh = make_draft(draft_logits, self.mask_id, self.settings.eos_token_ids, temperature, with_risk)

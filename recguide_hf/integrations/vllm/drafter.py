@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from ...core.config import PAPER_BLOCK_SIZES, DecodingConfig
-from ...core.draft import make_draft, mask_out
-from ...core.masks import block_intra, build_mask, causal_intra, positions
+from ...core.draft import draft_layout, draft_logits_of, make_draft, mask_out
+from ...core.masks import build_mask, causal_intra, positions
 from ...core.policy import BlockPolicy, RoundOutcome, cost_table_of
 from ...models.registry import as_backbone
 
@@ -66,13 +66,11 @@ class ShadowDrafter:
         self.config, self.max_drafts, self.capacity = config, max_drafts, capacity
         self.cache = self.backbone.new_cache(slots, capacity + 1)  # + the seed of a block at the very end
         self.committed = [np.zeros(0, dtype=np.int64) for _ in range(slots)]  # the tokens each row's cache holds
-        self.seen = [np.zeros(0, dtype=np.int64) for _ in range(slots)]  # its request's tokens at its last step
+        # its request's tokens at its last step (the last one that step's seed; empty: no step yet)
+        self.seen = [np.zeros(0, dtype=np.int64) for _ in range(slots)]
         self.in_use = [False] * slots
-        self.proposed: list[list[int]] = [[] for _ in range(slots)]  # the drafts each row got last step
+        self.proposed: list[list[int]] = [[] for _ in range(slots)]  # the drafts each row got last step (B - 1)
         self.stats = [RequestStats() for _ in range(slots)]
-        self._seed_at = [0] * slots  # where each row's last seed sat, and the block it was given
-        self._blocks_given = [1] * slots
-        self._stepped = [False] * slots  # whether the row's request took a step here yet
         self.finished: list[RequestStats] = []  # rows freed since `take_finished`
         self.policy = None
         if config.mode == "recguide" and config.block_size == "auto":
@@ -114,7 +112,6 @@ class ShadowDrafter:
         for (i, r), b in zip(live, blocks):
             self.proposed[r] = drafts[i]
             self.seen[r] = requests[i]
-            self._stepped[r] = True
             if b < 2:
                 self.stats[r].plain += 1
         return drafts
@@ -162,9 +159,8 @@ class ShadowDrafter:
         """Row r takes a new request; its cache keeps its first `keep` tokens (a start the request shares)."""
         self.in_use[r] = True
         self.committed[r] = self.committed[r][:keep]
-        self.seen[r] = self.committed[r]
+        self.seen[r] = np.zeros(0, dtype=np.int64)
         self.proposed[r] = []
-        self._stepped[r] = False
         self.stats[r] = RequestStats()
         self.cache.reset_rows(torch.tensor([r]))
         self.cache.commit(torch.tensor([r]), torch.tensor([keep]))
@@ -230,7 +226,7 @@ class ShadowDrafter:
         """Drafts of row r's last round the verifier accepted: the tokens after the old seed that equal them (the
         last new token is the verifier's own, the bonus; vLLM may have verified fewer drafts than proposed)."""
         drafts = self.proposed[r]
-        new = tokens[self._seed_at[r] + 1:].tolist()
+        new = tokens[self.seen[r].shape[0]:].tolist()  # after the old seed, the last token the row saw
         n = 0
         while n < min(len(drafts), len(new) - 1) and new[n] == drafts[n]:
             n += 1
@@ -242,12 +238,12 @@ class ShadowDrafter:
         for r, _ in live:
             drafts = self.proposed[r]
             if not drafts:
-                if self._stepped[r]:  # a plain step (B = 1): nothing drafted, nothing to accept
+                if self.seen[r].shape[0]:  # a plain step (B = 1): nothing drafted, nothing to accept
                     by_block.setdefault(1, []).append((r, 0, 0))
                 continue
             s = self.stats[r]
             s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + len(drafts), s.accepted + accepted[r]
-            by_block.setdefault(self._blocks_given[r], []).append((r, accepted[r], len(drafts)))
+            by_block.setdefault(len(drafts) + 1, []).append((r, accepted[r], len(drafts)))
         if self.policy is None:
             return
         for block, items in by_block.items():
@@ -263,28 +259,18 @@ class ShadowDrafter:
         else:
             blocks = [self.fixed_block] * len(rows)
         # never past the verifying engine's length: vLLM schedules at most max_model_len - n - 1 drafts
-        blocks = [max(1, min(b, self.capacity - n)) for b, n in zip(blocks, lengths)]
-        for r, b, n in zip(rows, blocks, lengths):
-            self._seed_at[r], self._blocks_given[r] = n - 1, b
-        return blocks
+        return [max(1, min(b, self.capacity - n)) for b, n in zip(blocks, lengths)]
 
     # ------------------------------------------------------------------ the draft forward
     def _draft(self, rows: list[int], seeds: list[int], block: int) -> list[list[int]]:
-        """`Engine._draft` for rows of one block size: `[seed, MASK x (block - 1)]` after each row's cache."""
+        """The engine's draft forward (`core.draft.draft_layout`) for rows of one block size after each row's cache."""
         device = self.backbone.device
-        n = len(rows)
         rows_t = torch.tensor(rows, device=device)
-        ids = torch.full((n, block), self.mask_id, dtype=torch.long, device=device)
-        ids[:, 0] = torch.tensor(seeds, device=device)
-        intra = block_intra(n, block, device).clone()
-        offsets = torch.arange(block, device=device).expand(n, -1)
-        if self.config.first_draft == "verifier":
-            intra[:, 0, 1:] = False  # the seed sees the prefix and itself, base weights: d_1 is the verifier's
-            logits = self._forward(rows_t, ids, offsets, intra, draft_mask=1)
-            draft_logits = torch.cat([logits[:, :1], logits[:, 2:]], dim=1)
-        else:
-            logits = self._forward(rows_t, ids, offsets, intra, draft_mask=0)
-            draft_logits = logits[:, 1:]
+        width = torch.full((len(rows),), block, device=device)
+        ids, intra, offsets, draft_mask = draft_layout(torch.tensor(seeds, device=device), width, block, self.mask_id,
+                                                       self.config.first_draft)
+        logits = self._forward(rows_t, ids, offsets, intra, draft_mask=draft_mask)
+        draft_logits = draft_logits_of(logits, self.config.first_draft)
         return make_draft(draft_logits, self.mask_id, [], None, with_risk=False).ids.tolist()
 
     def _forward(self, rows, ids, offsets, intra, draft_mask=None, logits_to_keep=0):
