@@ -222,6 +222,7 @@ def run(settings: ReplicaSettings, scale: ScaleSettings, host: str = "127.0.0.1"
     sets it; Ray's gRPC servers still listen on every interface, as Ray's always do, behind its token
     authentication (on by default): firewall a shared machine."""
     import signal
+    import sys
     import threading
     import time
 
@@ -245,8 +246,11 @@ def run(settings: ReplicaSettings, scale: ScaleSettings, host: str = "127.0.0.1"
         while not stop.wait(1.0):  # say when the replicas change (autoscaling, a replica replaced)
             states = replica_states()
             if states != last:
-                print(time.strftime("%H:%M:%S") + " replicas: " + ", ".join(f"{n} {k.lower()}" for k, n in
-                                                                          sorted(states.items())), flush=True)
+                # one write of the whole line: print's separate newline write lets Ray's log thread (the replicas'
+                # access lines, on this same stdout) land inside it, and the line then no longer starts a line
+                sys.stdout.write(time.strftime("%H:%M:%S") + " replicas: " + ", ".join(
+                    f"{n} {k.lower()}" for k, n in sorted(states.items())) + "\n")
+                sys.stdout.flush()
                 last = states
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C during the shutdown ends it

@@ -36,8 +36,9 @@ class Server(subprocess.Popen):
     def _read(self):
         for line in self.stdout:
             self.lines.append(line)
-            if REPLICA_LINE.match(line):
-                self.replica_lines.append(line.strip())
+            found = REPLICA_LINE.search(line)  # also after another thread's text that had no newline yet
+            if found:
+                self.replica_lines.append(line[found.start():].strip())
 
     def tail(self, chars: int = 3000) -> str:
         return "".join(self.lines)[-chars:]
