@@ -14,6 +14,7 @@ OUT=eval/results/smollm2
 SHIP=recguide_hf/bundled/smollm2
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+UNTIL=${UNTIL:-7}  # the last step to run (UNTIL=5: the simulations, not lm-eval and the CPU bench)
 
 # 0. acceptance of the adapter shipped so far, by decoding (before it is replaced)
 [ -f "$OUT/engine_tau_before.json" ] || python eval/engine_tau.py --prompts 16 --out "$OUT/engine_tau_before.json"
@@ -40,9 +41,11 @@ recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --arri
 recguide bench --model smollm2 --virtual-costs eval/costs/nld8b_b200.json --concurrency 1 4 32 --max-new-tokens 48 \
     --methods ar linear-4 linear-8 linear-16 recguide:block_sizes=1,2,4,8,16,32 \
     --repeats 1 --min-prompts 8 --prompts-per-slot 1 --out "$OUT/b200"
+[ "$UNTIL" -ge 6 ] || exit 0
 # 6. lm-eval's local tasks: recguide responses = AR responses, and the score against the bundled model's
 python eval/lm_eval_parity.py --model "$(recguide fetch smollm2)" --limit 16 --json "$OUT/lm_eval_parity.json"
 python eval/lm_eval_parity.py --model recguide_hf/bundled/recguide-tiny --limit 16 --json "$OUT/lm_eval_bundled.json"
+[ "$UNTIL" -ge 7 ] || exit 0
 # 7. CPU closed loop and static batches against HF's fast paths (held-out prompts: HumanEval + prose)
 recguide bench --model smollm2 --methods ar ar-static ar-compile linear-1 linear-4 linear-8 recguide --concurrency 1 16 \
     --max-new-tokens 64 --repeats 2 --min-prompts 8 --out "$OUT/cpu"

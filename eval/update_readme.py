@@ -347,11 +347,17 @@ def ab_section(d: Path) -> str:
     if not arms:
         return ""
     first = arms[0][1]["args"]
+    # the same start: every arm's first measurement (before any step) is the same adapter's, in the same layout
+    # when the arms share the first draft; the mask arm decodes the start in its own layout
+    starts = {a[1]["args"].get("first_draft"): a[1]["log"][0]["tau_B8_chat"] for a in arms}
+    same = all(a[1]["log"][0]["tau_B8_chat"] == starts[a[1]["args"].get("first_draft")] for a in arms)
     out = ["### Choosing the recipe: equal-budget arms", "",
-           f"Each arm continues the adapter shipped before for {float(first['minutes']):.0f} minutes of training on "
-           f"the same {arms[0][1]['teacher_rows']['rows']} teacher rows (lr {first['lr']}; `bash eval/drafter_ab.sh "
-           "TEACHER`); tau by decoding (LinearSS, held-out prompts, 128 new tokens) at the arm's start -> end; "
-           "`train`: as many training prompts, to show overfitting.", "",
+           f"Each arm continues the same adapter (the one shipped at 4074f90: `INIT=` in the script) for "
+           f"{float(first['minutes']):.0f} minutes of training on the same {arms[0][1]['teacher_rows']['rows']} "
+           f"teacher rows (lr {first['lr']}; `bash eval/drafter_ab.sh TEACHER`); tau by decoding (LinearSS, held-out "
+           "prompts, 128 new tokens) at the arm's start -> end (" + ("arms of one layout start from the same "
+           "figures" if same else "WARNING: arms of one layout start from different figures") + "); `train`: as "
+           "many training prompts, to show overfitting.", "",
            "| arm | recipe | CPU core-hours | chat B=4 | chat B=8 | chat B=16 | code B=4 | code B=8 | code B=16 | "
            "train B=8 | = greedy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, log in arms:

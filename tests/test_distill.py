@@ -177,3 +177,30 @@ def test_the_layout_distill_trains_is_the_layout_the_engine_drafts(tmp_path, fir
                                use_cache=True, **{CACHE_KW: cache}).logits
         assert torch.equal(engine_ids[r], block_ids[0]) and torch.equal(engine_pos[r], pos[0])
         torch.testing.assert_close(engine_logits[r], logits[0], atol=1e-4, rtol=0)
+
+
+def test_a_larger_teacher_budget_adds_a_shard_of_prompts_not_made_yet(tmp_path):
+    """`--teacher-minutes` is the rows' budget in all: a run offering more prompts within it adds `train_2.npz`, of
+    prompts the first shard does not hold; training draws from every shard; a spent budget adds nothing."""
+    from recguide_hf.tools.distill.teacher import TeacherRows, prompts_in, shards_info, train_shards
+
+    base = write_tiny_llama(tmp_path / "base")
+    args = [str(base), str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--mask-token", "<|draft|>", *SMALL,
+            "--stop-after", "teacher"]
+    teacher = tmp_path / "work" / "teacher"
+    assert cli_main(["distill", *args]) == 0
+    assert train_shards(teacher) == [teacher / "train.npz"]
+    first = shards_info(teacher)
+    assert cli_main(["distill", *args]) == 0  # the same offer again: every prompt is made, no shard
+    assert train_shards(teacher) == [teacher / "train.npz"]
+    assert cli_main(["distill", *args, "--teacher-prompts", "40"]) == 0
+    shards = train_shards(teacher)
+    assert shards == [teacher / "train.npz", teacher / "train_2.npz"]
+    one, two = (prompts_in(p) for p in shards)
+    assert two and not one & two
+    total = shards_info(teacher)
+    second = json.loads((teacher / "train_2.json").read_text())["rows"]
+    assert total["shards"] == 2 and total["rows"] == first["rows"] + second == len(TeacherRows(shards, 4, 0))
+    assert total["continuation_tokens"] > first["continuation_tokens"]
+    assert cli_main(["distill", *args, "--teacher-prompts", "60", "--teacher-minutes", "0.01"]) == 0  # spent
+    assert len(train_shards(teacher)) == 2

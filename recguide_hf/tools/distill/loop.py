@@ -38,6 +38,7 @@ from ...core.draft import make_draft
 from ...core.masks import additive_mask
 from ...models.compat import CACHE_KW
 from ...models.draft_adapter import add_draft_adapter, attach_draft_adapter, route, save_draft_adapter
+from .teacher import TeacherRows, shards_info, stop_ids, train_shards
 
 
 # ---------------------------------------------------------------- draft blocks and the loss
@@ -414,7 +415,6 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
     """`recguide distill`'s training step: a drafting adapter into `work/run/final`, resuming `work/run/ckpt.pt`
     when there is one, until `args.minutes` of training have passed in all; returns the final adapter folder."""
     from .measure import engine_taus, rows_as_prompts
-    from .teacher import TeacherRows, stop_ids
 
     run = work / "run"
     ckpt = run / "ckpt.pt"
@@ -429,7 +429,7 @@ def train(args, verifier, tokenizer, work: Path) -> Path:
     student = AdapterStudent(verifier, args)
     params = student.parameters()
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    batches = TeacherRows([work / "teacher" / "train.npz"], args.batch_size, args.seed)
+    batches = TeacherRows(train_shards(work / "teacher"), args.batch_size, args.seed)
     # decoding's own figures on held-out prompts (and on as many training rows, to show overfitting): the engine's
     # rounds, whose output must equal the rows' greedy continuations
     # (`--eval-prompts` of each: the held-out files may hold more, made by a run that asked for more)
@@ -466,7 +466,7 @@ def write_log(args, work: Path, state: dict, num_params: int) -> None:
     logged = {k: str(v) for k, v in vars(args).items() if not callable(v) and k not in ("cli_argv", "command_line")}
     (work / "run" / "final" / "distill_log.json").write_text(json.dumps(
         {"args": logged, "trainable_parameters": num_params,
-         "teacher_rows": json.loads((work / "teacher" / "train.json").read_text()), **state}, indent=1))
+         "teacher_rows": shards_info(work / "teacher"), **state}, indent=1))
 
 
 def save(student, opt, params, state, run: Path):

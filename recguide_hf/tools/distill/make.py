@@ -76,7 +76,7 @@ def heldout_sets(tokenizer, per_set: int) -> dict[str, list[list[int]]]:
 
 def step_teacher(args, model, tokenizer, work: Path) -> None:
     from .prompts import prompt_mix
-    from .teacher import make_teacher_rows
+    from .teacher import make_teacher_rows, prompts_in, shards_info, train_shards
 
     teacher = work / "teacher"
     mask_id = model.config.mask_token_id
@@ -85,12 +85,22 @@ def step_teacher(args, model, tokenizer, work: Path) -> None:
         if not path.exists():
             print(f"held-out {name} rows: {len(prompts)} prompts", flush=True)
             make_teacher_rows(model, tokenizer, prompts, path, args.new_tokens, args.teacher_batch, mask_id=mask_id)
-    path = teacher / "train.npz"
-    if not path.exists():
-        prompts = prompt_mix("train", tokenizer, args.teacher_prompts, args.chat_share, seed=args.seed)
-        info = make_teacher_rows(model, tokenizer, prompts, path, args.new_tokens, args.teacher_batch,
-                                 args.teacher_minutes, mask_id=mask_id)
-        print(json.dumps(info), flush=True)
+    # `--teacher-minutes` is the budget in all: a later run given more adds a shard of prompts not made yet
+    shards = train_shards(teacher)
+    left = args.teacher_minutes - shards_info(teacher)["seconds"] / 60
+    if shards and left < 1:
+        return
+    prompts = prompt_mix("train", tokenizer, args.teacher_prompts, args.chat_share, seed=args.seed)
+    made = set().union(*(prompts_in(p) for p in shards))
+    prompts = [p for p in prompts if tuple(p) not in made]
+    if not prompts:
+        print(f"teacher rows: all {args.teacher_prompts} prompts offered are made (--teacher-prompts offers more)")
+        return
+    path = teacher / ("train.npz" if not shards else f"train_{len(shards) + 1}.npz")
+    print(f"teacher rows: {len(prompts)} new prompts, {left:.0f} min -> {path.name}", flush=True)
+    info = make_teacher_rows(model, tokenizer, prompts, path, args.new_tokens, args.teacher_batch, left,
+                             mask_id=mask_id)
+    print(json.dumps(info), flush=True)
 
 
 def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -107,7 +117,8 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     t = p.add_argument_group("teacher rows")
     t.add_argument("--teacher-prompts", type=int, default=4000, help="training prompts offered")
-    t.add_argument("--teacher-minutes", type=float, default=20, help="time budget for the training rows")
+    t.add_argument("--teacher-minutes", type=float, default=20,
+                   help="time budget for the training rows, in all across runs (more than they took adds a shard)")
     t.add_argument("--teacher-batch", type=int, default=32)
     t.add_argument("--new-tokens", type=int, default=128, help="continuation length (cut after EOS)")
     t.add_argument("--chat-share", type=float, default=0.7, help="share of chat prompts (a model with a template)")

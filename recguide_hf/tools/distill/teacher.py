@@ -53,6 +53,27 @@ def write_rows(path: Path, prompts: list[list[int]], conts: list[list[int]], pad
     return info
 
 
+def train_shards(teacher: Path) -> list[Path]:
+    """The training rows' files in the order they were made: `train.npz`, then `train_2.npz`, `train_3.npz`... (a
+    later `recguide distill` with a larger `--teacher-minutes` adds one)."""
+    more = sorted(teacher.glob("train_*.npz"), key=lambda p: int(p.stem.split("_")[1]))
+    return ([teacher / "train.npz"] if (teacher / "train.npz").exists() else []) + more
+
+
+def shards_info(teacher: Path) -> dict:
+    """The shards' `train*.json` records summed: seconds, prompts offered, rows, continuation tokens, shards."""
+    infos = [json.loads(p.with_suffix(".json").read_text()) for p in train_shards(teacher)]
+    total = {k: sum(i.get(k, 0) for i in infos) for k in ("seconds", "prompts_offered",
+                                                          "rows_with_mask_token_dropped", "rows",
+                                                          "continuation_tokens")}
+    return {**(infos[0] if infos else {}), **total, "seconds": round(total["seconds"], 1), "shards": len(infos)}
+
+
+def prompts_in(path: Path) -> set[tuple[int, ...]]:
+    blob = np.load(path)
+    return {tuple(row[:lo].tolist()) for row, lo in zip(blob["tokens"], blob["lo"])}
+
+
 def stop_ids(model, tokenizer) -> tuple[list[int], int]:
     """(EOS ids, pad id) the teacher rows were made with: the generation config's EOS (else the tokenizer's), the
     tokenizer's pad (else the first EOS). Decoding that must reproduce the rows uses the same."""
@@ -90,6 +111,8 @@ def make_teacher_rows(model, tokenizer, prompts: list[list[int]], out: Path, new
               "(dropped): outputs that would hold it differ from the base's; choose another --mask-token", flush=True)
     info = {"seconds": round(time.time() - t0, 1), "new_tokens": new_tokens, "prompts_offered": len(prompts),
             "rows_with_mask_token_dropped": emitted_mask}
+    if not done_p:  # nothing to write (every row dropped, or no time): no empty file
+        return {**info, "rows": 0, "continuation_tokens": 0}
     return write_rows(out, done_p, done_c, pad_id, info)
 
 
