@@ -44,6 +44,15 @@ def test_distill_resumes_and_records_each_invocation(distilled):
     assert mask["mask_token"] == "<|draft|>" and mask["added"]
 
 
+def test_resuming_with_another_adapter_shape_says_what_to_pass(distilled, tmp_path):
+    import shutil
+
+    work = shutil.copytree(distilled["work"], tmp_path / "work")
+    args = [str(distilled["base"]), str(tmp_path / "out"), "--work", str(work), "--mask-token", "<|draft|>", *SMALL]
+    with pytest.raises(ValueError, match="--init"):
+        cli_main(["distill", *args, "--minutes", "0.3", "--rank", "4", "--stop-after", "train"])
+
+
 def test_exported_folder_loads_with_remote_code_and_decodes_losslessly(distilled):
     out, work = distilled["out"], distilled["work"]
     for name in ("config.json", "generation_config.json", "modeling_recguide.py", "custom_generate/generate.py",

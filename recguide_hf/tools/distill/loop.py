@@ -405,6 +405,9 @@ def resume(params, opt, blob: dict | None, state: dict) -> dict:
     returns its state (without a checkpoint: `state`)."""
     if blob is None:
         return state
+    if [tuple(p.shape) for p in params] != [tuple(t.shape) for t in blob["params"]]:
+        raise ValueError("the checkpoint's adapter has other parameters than this run's: resume with the --init "
+                         "(or --rank, --alpha, --targets) the run was started with (its work folder's command.txt)")
     for p, saved in zip(params, blob["params"]):
         p.data.copy_(saved)
     opt.load_state_dict(blob["opt"])
