@@ -347,10 +347,10 @@ def ab_section(d: Path) -> str:
     if not arms:
         return ""
     first = arms[0][1]["args"]
-    # the same start: every arm's first measurement (before any step) is the same adapter's, in the same layout
-    # when the arms share the first draft; the mask arm decodes the start in its own layout
-    starts = {a[1]["args"].get("first_draft"): a[1]["log"][0]["tau_B8_chat"] for a in arms}
-    same = all(a[1]["log"][0]["tau_B8_chat"] == starts[a[1]["args"].get("first_draft")] for a in arms)
+    # the same start: arms that draft in one layout measure the same figure before their first step (the mask arm
+    # decodes the start in its own layout): one start figure per layout
+    layouts = {log["args"].get("first_draft") for _, log in arms}
+    same = len({(log["args"].get("first_draft"), log["log"][0]["tau_B8_chat"]) for _, log in arms}) == len(layouts)
     out = ["### Choosing the recipe: equal-budget arms", "",
            f"Each arm continues the same adapter (the one shipped at 4074f90: `INIT=` in the script) for "
            f"{float(first['minutes']):.0f} minutes of training on the same {arms[0][1]['teacher_rows']['rows']} "
