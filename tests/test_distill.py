@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -188,9 +189,11 @@ def test_the_layout_distill_trains_is_the_layout_the_engine_drafts(tmp_path, fir
         torch.testing.assert_close(engine_logits[r], logits[0], atol=1e-4, rtol=0)
 
 
-def test_a_larger_teacher_budget_adds_a_shard_of_prompts_not_made_yet(tmp_path):
+def test_a_larger_teacher_budget_adds_a_shard_of_prompts_not_made_yet(tmp_path, monkeypatch):
     """`--teacher-minutes` is the rows' budget in all: a run offering more prompts within it adds `train_2.npz`, of
-    prompts the first shard does not hold; training draws from every shard; a spent budget adds nothing."""
+    prompts the first shard does not hold; training draws from every shard; a spent budget adds nothing; an offer
+    already made is not built again."""
+    from recguide_hf.tools.distill import prompts as prompts_module
     from recguide_hf.tools.distill.teacher import TeacherRows, prompts_in, shards_info, train_shards
 
     base = write_tiny_llama(tmp_path / "base")
@@ -200,8 +203,13 @@ def test_a_larger_teacher_budget_adds_a_shard_of_prompts_not_made_yet(tmp_path):
     assert cli_main(["distill", *args]) == 0
     assert train_shards(teacher) == [teacher / "train.npz"]
     first = shards_info(teacher)
+    assert json.loads((teacher / "offers.json").read_text())["made"] == [
+        {"teacher_prompts": 24, "chat_share": 0.7, "seed": 0}]
+    built = prompts_module.prompt_mix
+    monkeypatch.setattr(prompts_module, "prompt_mix", lambda *a, **k: pytest.fail("an offer made is built again"))
     assert cli_main(["distill", *args]) == 0  # the same offer again: every prompt is made, no shard
     assert train_shards(teacher) == [teacher / "train.npz"]
+    monkeypatch.setattr(prompts_module, "prompt_mix", built)
     assert cli_main(["distill", *args, "--teacher-prompts", "40"]) == 0
     shards = train_shards(teacher)
     assert shards == [teacher / "train.npz", teacher / "train_2.npz"]
@@ -213,3 +221,26 @@ def test_a_larger_teacher_budget_adds_a_shard_of_prompts_not_made_yet(tmp_path):
     assert total["continuation_tokens"] > first["continuation_tokens"]
     assert cli_main(["distill", *args, "--teacher-prompts", "60", "--teacher-minutes", "0.01"]) == 0  # spent
     assert len(train_shards(teacher)) == 2
+
+
+def test_prompts_whose_rows_hold_the_mask_token_are_recorded_and_not_continued_again(tmp_path):
+    """A prompt whose greedy continuation holds the MASK token makes no row; `Offers` records it, so a later
+    `recguide distill` with budget left skips it instead of continuing it again."""
+    from recguide_hf.tools.distill.teacher import Offers, make_teacher_rows
+
+    base = write_tiny_llama(tmp_path / "base")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
+    prompts = [tokenizer(t).input_ids for t in ("def add(a, b):", "The sky is", "Once upon a time", "1, 2, 3,")]
+    clean = make_teacher_rows(model, tokenizer, prompts, tmp_path / "all.npz", new_tokens=8, batch_size=2)
+    assert clean["rows"] == 4 and clean["dropped_prompts"] == []
+    blob = np.load(tmp_path / "all.npz")
+    lo = int(blob["lo"][0])
+    prompt, mask_id = blob["tokens"][0, :lo].tolist(), int(blob["tokens"][0, lo])  # a row's first continued token
+    info = make_teacher_rows(model, tokenizer, prompts, tmp_path / "some.npz", new_tokens=8, batch_size=2,
+                             mask_id=mask_id)  # as if it were the MASK
+    assert prompt in info["dropped_prompts"]
+    assert info["rows"] + len(info["dropped_prompts"]) == 4 == info["prompts_offered"]
+    assert info["rows_with_mask_token_dropped"] == len(info["dropped_prompts"])
+    Offers(tmp_path).record({"teacher_prompts": 4}, info["dropped_prompts"])
+    again = Offers(tmp_path)
+    assert again.made == [{"teacher_prompts": 4}] and tuple(prompt) in again.dropped

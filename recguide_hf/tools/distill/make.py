@@ -76,7 +76,7 @@ def heldout_sets(tokenizer, per_set: int) -> dict[str, list[list[int]]]:
 
 def step_teacher(args, model, tokenizer, work: Path) -> None:
     from .prompts import prompt_mix
-    from .teacher import make_teacher_rows, prompts_in, shards_info, train_shards
+    from .teacher import Offers, make_teacher_rows, prompts_in, shards_info, train_shards
 
     teacher = work / "teacher"
     mask_id = model.config.mask_token_id
@@ -88,18 +88,23 @@ def step_teacher(args, model, tokenizer, work: Path) -> None:
     # `--teacher-minutes` is the budget in all: a later run given more adds a shard of prompts not made yet
     shards = train_shards(teacher)
     left = args.teacher_minutes - shards_info(teacher)["seconds"] / 60
-    if shards and left < 1:
+    offers = Offers(teacher)
+    offer = {"teacher_prompts": args.teacher_prompts, "chat_share": args.chat_share, "seed": args.seed}
+    if shards and (left < 1 or offer in offers.made):
         return
     prompts = prompt_mix("train", tokenizer, args.teacher_prompts, args.chat_share, seed=args.seed)
-    made = set().union(*(prompts_in(p) for p in shards))
+    made = set().union(offers.dropped, *(prompts_in(p) for p in shards))
     prompts = [p for p in prompts if tuple(p) not in made]
     if not prompts:
         print(f"teacher rows: all {args.teacher_prompts} prompts offered are made (--teacher-prompts offers more)")
+        offers.record(offer)
         return
     path = teacher / ("train.npz" if not shards else f"train_{len(shards) + 1}.npz")
     print(f"teacher rows: {len(prompts)} new prompts, {left:.0f} min -> {path.name}", flush=True)
     info = make_teacher_rows(model, tokenizer, prompts, path, args.new_tokens, args.teacher_batch, left,
                              mask_id=mask_id)
+    dropped = info.pop("dropped_prompts")
+    offers.record(offer if info["rows"] + len(dropped) == len(prompts) else None, dropped)
     print(json.dumps(info), flush=True)
 
 

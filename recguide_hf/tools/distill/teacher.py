@@ -74,6 +74,25 @@ def prompts_in(path: Path) -> set[tuple[int, ...]]:
     return {tuple(row[:lo].tolist()) for row, lo in zip(blob["tokens"], blob["lo"])}
 
 
+class Offers:
+    """`teacher/offers.json`: the training-prompt offers (`--teacher-prompts`, `--chat-share`, `--seed`) whose every
+    prompt was continued, and the prompts whose rows were dropped for the MASK token, so that a later `recguide
+    distill` with budget left neither rebuilds an offer already made nor continues a dropped prompt again."""
+
+    def __init__(self, teacher: Path):
+        self.path = teacher / "offers.json"
+        blob = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.made: list[dict] = blob.get("made", [])
+        self.dropped: set[tuple[int, ...]] = {tuple(p) for p in blob.get("dropped", [])}
+
+    def record(self, offer: dict | None = None, dropped: list[list[int]] = ()) -> None:
+        if offer is not None and offer not in self.made:
+            self.made.append(offer)
+        self.dropped |= {tuple(p) for p in dropped}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"made": self.made, "dropped": sorted(map(list, self.dropped))}))
+
+
 def stop_ids(model, tokenizer) -> tuple[list[int], int]:
     """(EOS ids, pad id) the teacher rows were made with: the generation config's EOS (else the tokenizer's), the
     tokenizer's pad (else the first EOS). Decoding that must reproduce the rows uses the same."""
@@ -90,8 +109,7 @@ def make_teacher_rows(model, tokenizer, prompts: list[list[int]], out: Path, new
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     np.random.default_rng(0).shuffle(batches)  # similar lengths within a batch, every length across the run
-    done_p, done_c = [], []
-    emitted_mask = 0
+    done_p, done_c, dropped = [], [], []
     t0 = time.time()
     bar = tqdm(batches, desc="teacher rows", unit="batch", mininterval=10)
     for batch in bar:
@@ -100,20 +118,20 @@ def make_teacher_rows(model, tokenizer, prompts: list[list[int]], out: Path, new
         ps = [prompts[i] for i in batch]
         for p, c in zip(ps, continue_greedily(model, ps, new_tokens, pad_id, eos_ids)):
             if mask_id in c:  # the base itself emits the MASK token: RecGuide suppresses it, so it would not match
-                emitted_mask += 1
+                dropped.append(p)
                 continue
             done_p.append(p)
             done_c.append(c)
         bar.set_postfix(rows=len(done_p))
     bar.close()
-    if emitted_mask:
-        print(f"warning: the base's greedy output held the MASK token (id {mask_id}) in {emitted_mask} rows "
+    if dropped:
+        print(f"warning: the base's greedy output held the MASK token (id {mask_id}) in {len(dropped)} rows "
               "(dropped): outputs that would hold it differ from the base's; choose another --mask-token", flush=True)
     info = {"seconds": round(time.time() - t0, 1), "new_tokens": new_tokens, "prompts_offered": len(prompts),
-            "rows_with_mask_token_dropped": emitted_mask}
-    if not done_p:  # nothing to write (every row dropped, or no time): no empty file
-        return {**info, "rows": 0, "continuation_tokens": 0}
-    return write_rows(out, done_p, done_c, pad_id, info)
+            "rows_with_mask_token_dropped": len(dropped)}
+    # nothing to write (every row dropped, or no time): no empty file
+    info = write_rows(out, done_p, done_c, pad_id, info) if done_p else {**info, "rows": 0, "continuation_tokens": 0}
+    return {**info, "dropped_prompts": dropped}  # not in the file: the caller may record them (`Offers`)
 
 
 class TeacherRows:
