@@ -244,3 +244,21 @@ def test_prompts_whose_rows_hold_the_mask_token_are_recorded_and_not_continued_a
     Offers(tmp_path).record({"teacher_prompts": 4}, info["dropped_prompts"])
     again = Offers(tmp_path)
     assert again.made == [{"teacher_prompts": 4}] and tuple(prompt) in again.dropped
+
+
+def test_the_card_carries_the_work_folders_note_on_where_its_commands_start_from(distilled, tmp_path):
+    """`WORK/card_note.md` (written by the run's owner: what an `--init` named, where a linked `teacher/` came from)
+    goes into the card after the commands; without it the card has no such paragraph."""
+    import shutil
+
+    from recguide_hf.tools.distill.finish import card
+    from recguide_hf.tools.distill.make import parser
+
+    work = shutil.copytree(distilled["work"], tmp_path / "work")
+    args = parser().parse_args([str(distilled["base"]), str(distilled["out"]), "--work", str(work), *SMALL])
+    tok = AutoTokenizer.from_pretrained(distilled["out"])
+    note = "The first command's `--init` named the adapter of an earlier run."
+    assert note not in card(args, tok, work, work / "parts")
+    (work / "card_note.md").write_text(note + "\n")
+    text = card(args, tok, work, work / "parts")
+    assert text.index("recguide distill BASE ") < text.index(note) < text.index("`recguide distill` resumes")

@@ -93,6 +93,8 @@ def card(args, tokenizer, work: Path, parts: Path) -> str:
     adapter = json.loads((parts / "draft_lora" / "adapter_config.json").read_text())
     targets = ", ".join(sorted(adapter["target_modules"]))
     vocab = "extended by it" if (work / "base").exists() else "unchanged (an existing token the base does not use)"
+    # what the commands alone do not say (where an --init or a linked teacher/ came from): the run's owner writes it
+    note = (work / "card_note.md").read_text().strip() + "\n\n" if (work / "card_note.md").exists() else ""
     return f"""---
 license: {args.license}
 base_model: {args.base_name or args.base.name}
@@ -134,7 +136,7 @@ after training; "= greedy": every output equalled the base's greedy continuation
 {chr(10).join(commands)}
 ```
 
-`recguide distill` resumes from its work folder: the same command continues a stopped run. Its budgets are
+{note}`recguide distill` resumes from its work folder: the same command continues a stopped run. Its budgets are
 wall-clock (`--teacher-minutes`, `--minutes`): the same commands on another machine run the same recipe for the same
 time, so the number of teacher rows and of training steps (and so the weights) follow that machine's speed.
 """
